@@ -1,0 +1,170 @@
+"""Configuration dataclasses: what the model is, how big the KV cache is, how the scheduler batches."""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+SUPPORTED_ARCHITECTURES = {
+    "LlamaForCausalLM": "llama",
+    "MistralForCausalLM": "mistral",
+    "Qwen2ForCausalLM": "qwen2",
+    "Qwen3ForCausalLM": "qwen3",
+}
+
+_DTYPES = {
+    "float32": torch.float32, "fp32": torch.float32, "float": torch.float32,
+    "float16": torch.float16, "fp16": torch.float16, "half": torch.float16,
+    "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
+}
+
+
+def parse_dtype(dtype: str | torch.dtype) -> torch.dtype:
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype not in _DTYPES:
+        raise ValueError(f"unknown dtype {dtype!r}; use one of {sorted(_DTYPES)}")
+    return _DTYPES[dtype]
+
+
+@dataclass(slots=True)
+class ModelConfig:
+    """The architecture of one Llama-family model, read from an HF `config.json` dict."""
+
+    architecture: str
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rms_norm_eps: float
+    rope_theta: float
+    rope_scaling: dict[str, Any] | None
+    max_position_embeddings: int
+    tie_word_embeddings: bool
+    qkv_bias: bool
+    qk_norm: bool
+    bos_token_id: int | None
+    eos_token_ids: list[int]
+    sliding_window: int | None = None
+    hf_config: dict[str, Any] = field(default_factory=dict, repr=False)
+
+    @classmethod
+    def from_dict(cls, cfg: dict[str, Any]) -> ModelConfig:
+        archs = cfg.get("architectures") or []
+        arch = next((a for a in archs if a in SUPPORTED_ARCHITECTURES), None)
+        if arch is None:
+            raise ValueError(
+                f"unsupported architecture {archs or cfg.get('model_type')!r}; Tachyon runs "
+                f"{', '.join(sorted(SUPPORTED_ARCHITECTURES))} (Llama 2/3, Mistral, Qwen2, Qwen3, SmolLM)"
+            )
+        family = SUPPORTED_ARCHITECTURES[arch]
+        missing = [k for k in ("hidden_size", "num_hidden_layers", "num_attention_heads", "vocab_size",
+                               "intermediate_size") if k not in cfg]
+        if missing:
+            raise ValueError(f"config.json lacks {missing}: is this a causal LM checkpoint?")
+        heads = cfg["num_attention_heads"]
+        # transformers 5 writes rope_parameters; older configs have rope_theta + rope_scaling.
+        rope_params = cfg.get("rope_parameters") or {}
+        rope_theta = rope_params.get("rope_theta", cfg.get("rope_theta", 10000.0))
+        scaling = cfg.get("rope_scaling") or None
+        if scaling is None and rope_params.get("rope_type", "default") != "default":
+            scaling = dict(rope_params)
+        if scaling is not None:
+            kind = scaling.get("rope_type", scaling.get("type"))
+            if kind in (None, "default"):
+                scaling = None
+            elif kind not in ("llama3", "linear"):
+                raise ValueError(f"unsupported rope scaling {kind!r}; Tachyon supports llama3 and linear")
+        eos = cfg.get("eos_token_id")
+        eos_ids = [] if eos is None else ([eos] if isinstance(eos, int) else list(eos))
+        return cls(
+            architecture=arch,
+            vocab_size=cfg["vocab_size"],
+            hidden_size=cfg["hidden_size"],
+            intermediate_size=cfg["intermediate_size"],
+            num_layers=cfg["num_hidden_layers"],
+            num_heads=heads,
+            num_kv_heads=cfg.get("num_key_value_heads") or heads,
+            head_dim=cfg.get("head_dim") or cfg["hidden_size"] // heads,
+            rms_norm_eps=cfg.get("rms_norm_eps", 1e-6),
+            rope_theta=float(rope_theta),
+            rope_scaling=scaling,
+            max_position_embeddings=cfg.get("max_position_embeddings", 4096),
+            tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+            qkv_bias=family == "qwen2" or bool(cfg.get("attention_bias", False)),
+            qk_norm=family == "qwen3",
+            bos_token_id=cfg.get("bos_token_id"),
+            eos_token_ids=eos_ids,
+            sliding_window=cfg.get("sliding_window") if cfg.get("use_sliding_window", True) else None,
+            hf_config=cfg,
+        )
+
+    @classmethod
+    def from_file(cls, path: str) -> ModelConfig:
+        if os.path.isdir(path):
+            path = os.path.join(path, "config.json")
+        try:
+            with open(path) as f:
+                cfg = json.load(f)
+        except FileNotFoundError:
+            raise FileNotFoundError(f"no config.json at {path}: point --model at an HF checkpoint directory") from None
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{path} is not valid JSON ({e})") from None
+        return cls.from_dict(cfg)
+
+    @property
+    def kv_bytes_per_token_per_dtype_byte(self) -> int:
+        """K and V elements per token over all layers (multiply by the cache dtype's size)."""
+        return 2 * self.num_layers * self.num_kv_heads * self.head_dim
+
+    def num_params(self) -> int:
+        h, i, q, kv = self.hidden_size, self.intermediate_size, self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
+        per_layer = h * (q + 2 * kv) + q * h + 3 * h * i + 2 * h
+        embed = self.vocab_size * h * (1 if self.tie_word_embeddings else 2)
+        return self.num_layers * per_layer + embed + h
+
+
+def kv_cache_bytes_per_token(model: ModelConfig, kv_dtype: torch.dtype) -> int:
+    """Bytes the paged cache holds for one token (K and V, every layer). Shared by the engine and `tachyon plan`."""
+    return model.kv_bytes_per_token_per_dtype_byte * torch.empty((), dtype=kv_dtype).element_size()
+
+
+def num_kv_blocks_for_budget(model: ModelConfig, kv_dtype: torch.dtype, block_size: int, budget_bytes: int) -> int:
+    return int(budget_bytes // (kv_cache_bytes_per_token(model, kv_dtype) * block_size))
+
+
+@dataclass(slots=True)
+class CacheConfig:
+    block_size: int = 16
+    # CPU: the KV pool is this many bytes. GPU: sized from free memory and gpu_memory_utilization.
+    kv_cache_bytes: int = 1 << 30
+    gpu_memory_utilization: float = 0.9
+    num_gpu_blocks_override: int | None = None
+    enable_prefix_caching: bool = True
+    swap_space_gib: float = 4.0
+
+
+@dataclass(slots=True)
+class SchedulerConfig:
+    max_num_batched_tokens: int = 2048
+    max_num_seqs: int = 256
+    max_model_len: int = 4096
+
+
+@dataclass(slots=True)
+class EngineConfig:
+    model: ModelConfig
+    cache: CacheConfig
+    scheduler: SchedulerConfig
+    device: torch.device
+    dtype: torch.dtype
+    attention_backend: str = "torch"
+    enforce_eager: bool = True
+    seed: int = 0

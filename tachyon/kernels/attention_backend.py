@@ -1,0 +1,56 @@
+"""The Triton attention backend (same interface as `layers.attention.TorchAttentionBackend`) and the hook that
+swaps the fused Triton ops into a model's RMSNorm / rotary / MLP activation."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+
+from tachyon.kernels.decode_attention import decode_attention
+from tachyon.kernels.fused_ops import fused_add_rms_norm, rotary, silu_and_mul
+from tachyon.kernels.kv_write import write_kv
+from tachyon.kernels.paged_attention import prefill_attention
+
+if TYPE_CHECKING:
+    from tachyon.layers.attention import AttentionMetadata
+
+
+class TritonAttentionBackend:
+    """write_kv, then split-K decode for the first num_decodes sequences and prefill/extend for the rest.
+
+    Only Python ints from `meta` decide what launches, so a decode-only step can be captured in a CUDA graph
+    (set meta.max_seq_len to the capture-time bound on context length).
+    """
+
+    name = "triton"
+
+    def forward(self, q, k, v, k_cache, v_cache, meta: AttentionMetadata, scale: float) -> torch.Tensor:
+        write_kv(k, v, k_cache, v_cache, meta.slot_mapping)
+        out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+        nd = meta.num_decodes
+        num_seqs = meta.seq_lens.shape[0]
+        if nd > 0:
+            decode_attention(q[:nd], k_cache, v_cache, meta.block_tables[:nd], meta.seq_lens[:nd], scale,
+                             meta.max_seq_len, out=out[:nd])
+        if num_seqs > nd:
+            prefill_attention(q, k_cache, v_cache, meta.block_tables, meta.query_start_loc, meta.seq_lens, scale,
+                              meta.max_query_len, seq_start=nd, num_seqs=num_seqs - nd, out=out)
+        return out
+
+
+def install_fused_ops(model: torch.nn.Module) -> torch.nn.Module:
+    """Point every RMSNorm / RotaryEmbedding `.fused` hook, and every MLP `.act` that is the torch
+    silu_and_mul reference, at the Triton kernels. Returns the model."""
+    from tachyon.layers.activation import silu_and_mul_ref
+    from tachyon.layers.norm import RMSNorm
+    from tachyon.layers.rotary import RotaryEmbedding
+
+    for module in model.modules():
+        if isinstance(module, RMSNorm):
+            module.fused = fused_add_rms_norm
+        elif isinstance(module, RotaryEmbedding):
+            module.fused = rotary
+        elif getattr(module, "act", None) is silu_and_mul_ref:
+            module.act = silu_and_mul
+    return model

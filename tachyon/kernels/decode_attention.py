@@ -1,0 +1,180 @@
+"""Split-K ("flash-decoding") attention for sequences with exactly one new token, over the paged KV cache.
+
+Stage 1 runs one program per (sequence, kv head, split). Sequence b's context of L = seq_lens[b] tokens is cut
+into num_splits chunks of `chunk = ceil(ceil(L / num_splits) / BLOCK_N) * BLOCK_N` tokens; split s covers
+[s * chunk, min((s + 1) * chunk, L)) and programs whose chunk starts past L exit at once. Each program loads every
+K/V page of its chunk once and scores it against all G = Hq / Hkv query heads of that kv head (one tl.dot with the
+heads as rows), keeping an online softmax; it writes the normalised partial output and its log-sum-exp.
+Stage 2 runs one program per (sequence, q head) and merges the valid splits by their log-sum-exps.
+
+    context:  |--- split 0 ---|--- split 1 ---|-- split 2 --|   (split 3 .. num_splits-1: empty, exit)
+    stage 1:     (o0, lse0)      (o1, lse1)     (o2, lse2)
+    stage 2:  out = sum_s exp(lse_s - lse) * o_s,   lse = logsumexp_s lse_s
+
+CUDA-graph safe: the grid is (batch, Hkv, num_splits) with num_splits a function of Python ints only, the
+scratch comes from a cache keyed by shape, and nothing reads tensor values on the host.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+_LOG2E = 1.4426950408889634
+
+
+@triton.jit
+def _decode_split_kernel(
+    q_ptr, kc_ptr, vc_ptr, bt_ptr, seq_lens_ptr, mid_o_ptr, mid_lse_ptr,
+    stride_qt, stride_qh,
+    stride_cb, stride_cs, stride_ch,  # k_cache and v_cache share a layout; head dim is contiguous
+    stride_bt,
+    stride_mo_b, stride_mo_h, stride_mo_s,
+    stride_ml_b, stride_ml_h,
+    qk_scale,  # softmax scale * log2(e): scores live in base 2
+    GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, PAGE: tl.constexpr, NUM_SPLITS: tl.constexpr,
+    BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, PRECISION: tl.constexpr,
+):
+    b = tl.program_id(0).to(tl.int64)
+    kv_head = tl.program_id(1)
+    split = tl.program_id(2)
+    seq_len = tl.load(seq_lens_ptr + b)
+    chunk = tl.cdiv(tl.cdiv(seq_len, NUM_SPLITS), BLOCK_N) * BLOCK_N
+    start = split * chunk
+    if start >= seq_len:
+        return
+    end = tl.minimum(start + chunk, seq_len)
+
+    g = tl.arange(0, BLOCK_G)
+    d = tl.arange(0, BLOCK_D)
+    head = kv_head * GROUP + g
+    g_mask = g < GROUP
+    d_mask = d < HEAD_DIM
+    q = tl.load(q_ptr + b * stride_qt + head[:, None] * stride_qh + d[None, :],
+                mask=g_mask[:, None] & d_mask[None, :], other=0.0)
+
+    m = tl.full([BLOCK_G], float("-inf"), tl.float32)
+    l = tl.zeros([BLOCK_G], tl.float32)
+    acc = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
+    bt_row = bt_ptr + b * stride_bt
+    for n0 in range(start, end, BLOCK_N):
+        n = n0 + tl.arange(0, BLOCK_N)
+        n_mask = n < end
+        page = tl.load(bt_row + n // PAGE, mask=n_mask, other=0).to(tl.int64)
+        off = page * stride_cb + (n % PAGE) * stride_cs + kv_head * stride_ch
+        kv_mask = n_mask[:, None] & d_mask[None, :]
+        k = tl.load(kc_ptr + off[:, None] + d[None, :], mask=kv_mask, other=0.0)
+        s = tl.dot(q, tl.trans(k).to(q.dtype), input_precision=PRECISION) * qk_scale  # [BLOCK_G, BLOCK_N]
+        s = tl.where(n_mask[None, :], s, float("-inf"))
+        m_new = tl.maximum(m, tl.max(s, axis=1))
+        alpha = tl.exp2(m - m_new)
+        p = tl.exp2(s - m_new[:, None])
+        l = l * alpha + tl.sum(p, axis=1)
+        v = tl.load(vc_ptr + off[:, None] + d[None, :], mask=kv_mask, other=0.0)
+        acc = acc * alpha[:, None] + tl.dot(p.to(q.dtype), v.to(q.dtype), input_precision=PRECISION)
+        m = m_new
+
+    # every chunk holds at least one token, so l > 0 for every row
+    o_ptrs = mid_o_ptr + b * stride_mo_b + head[:, None] * stride_mo_h + split * stride_mo_s + d[None, :]
+    tl.store(o_ptrs, acc / l[:, None], mask=g_mask[:, None] & d_mask[None, :])
+    tl.store(mid_lse_ptr + b * stride_ml_b + head * stride_ml_h + split, m + tl.log2(l), mask=g_mask)
+
+
+@triton.jit
+def _decode_reduce_kernel(
+    mid_o_ptr, mid_lse_ptr, seq_lens_ptr, out_ptr,
+    stride_mo_b, stride_mo_h, stride_mo_s,
+    stride_ml_b, stride_ml_h,
+    stride_ot, stride_oh,
+    HEAD_DIM: tl.constexpr, NUM_SPLITS: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr,
+):
+    b = tl.program_id(0).to(tl.int64)
+    head = tl.program_id(1)
+    seq_len = tl.load(seq_lens_ptr + b)
+    chunk = tl.cdiv(tl.cdiv(seq_len, NUM_SPLITS), BLOCK_N) * BLOCK_N
+    num_valid = tl.cdiv(seq_len, chunk)  # splits that stage 1 wrote
+
+    s = tl.arange(0, BLOCK_S)
+    d = tl.arange(0, BLOCK_D)
+    s_mask = s < num_valid
+    d_mask = d < HEAD_DIM
+    lse = tl.load(mid_lse_ptr + b * stride_ml_b + head * stride_ml_h + s, mask=s_mask, other=float("-inf"))
+    w = tl.exp2(lse - tl.max(lse, axis=0))
+    w = w / tl.sum(w, axis=0)
+    o = tl.load(mid_o_ptr + b * stride_mo_b + head * stride_mo_h + s[:, None] * stride_mo_s + d[None, :],
+                mask=s_mask[:, None] & d_mask[None, :], other=0.0)
+    out = tl.sum(o * w[:, None], axis=0)
+    tl.store(out_ptr + b * stride_ot + head * stride_oh + d, out.to(out_ptr.dtype.element_ty), mask=d_mask)
+
+
+_workspace: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
+
+
+def _get_workspace(batch: int, num_heads: int, num_splits: int, head_dim: int, device: torch.device):
+    """Scratch for the partial results, reused across calls (and across CUDA-graph replays) of one shape."""
+    key = (device, batch, num_heads, num_splits, head_dim)
+    ws = _workspace.get(key)
+    if ws is None:
+        ws = (torch.empty(batch, num_heads, num_splits, head_dim, dtype=torch.float32, device=device),
+              torch.empty(batch, num_heads, num_splits, dtype=torch.float32, device=device))
+        _workspace[key] = ws
+    return ws
+
+
+def num_decode_splits(batch: int, num_kv_heads: int, max_seq_len: int, min_chunk: int = 256,
+                      max_splits: int = 64, target_programs: int = 1024) -> int:
+    """Enough splits to fill the GPU (about target_programs stage-1 programs), none shorter than min_chunk."""
+    want = triton.cdiv(target_programs, batch * num_kv_heads)
+    fit = triton.cdiv(max_seq_len, min_chunk)
+    return triton.next_power_of_2(max(1, min(want, fit, max_splits)))
+
+
+def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
+                     seq_lens: torch.Tensor, scale: float, max_seq_len: int, out: torch.Tensor | None = None,
+                     num_splits: int | None = None) -> torch.Tensor:
+    """Attention of one query token per sequence over its paged context.
+
+    q: [B, Hq, D] (token b belongs to sequence b); caches: [num_blocks, block_size, Hkv, D];
+    block_tables: [B, max_blocks]; seq_lens: [B] context lengths (>= 1) including the new token.
+    max_seq_len: a host-side upper bound on seq_lens (under CUDA graphs, the capture-time bound); it only
+    chooses the number of splits. Writes into `out` ([B, Hq, D], may be a view) when given.
+    """
+    B, Hq, D = q.shape
+    Hkv, page = k_cache.shape[2], k_cache.shape[1]
+    assert Hq % Hkv == 0 and q.stride(-1) == 1 and k_cache.stride(-1) == 1
+    assert k_cache.stride() == v_cache.stride()
+    if out is None:
+        out = torch.empty(B, Hq, D, dtype=q.dtype, device=q.device)
+    if B == 0:
+        return out
+    if num_splits is None:
+        num_splits = num_decode_splits(B, Hkv, max_seq_len)
+    group = Hq // Hkv
+    block_d = triton.next_power_of_2(D)
+    block_n = 64 if q.element_size() < 4 else 32
+    mid_o, mid_lse = _get_workspace(B, Hq, num_splits, D, q.device)
+    _decode_split_kernel[(B, Hkv, num_splits)](
+        q, k_cache, v_cache, block_tables, seq_lens, mid_o, mid_lse,
+        q.stride(0), q.stride(1),
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        block_tables.stride(0),
+        mid_o.stride(0), mid_o.stride(1), mid_o.stride(2),
+        mid_lse.stride(0), mid_lse.stride(1),
+        scale * _LOG2E,
+        GROUP=group, HEAD_DIM=D, PAGE=page, NUM_SPLITS=num_splits,
+        BLOCK_G=max(16, triton.next_power_of_2(group)), BLOCK_N=block_n, BLOCK_D=block_d,
+        PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+        num_warps=4, num_stages=2,
+    )
+    _decode_reduce_kernel[(B, Hq)](
+        mid_o, mid_lse, seq_lens, out,
+        mid_o.stride(0), mid_o.stride(1), mid_o.stride(2),
+        mid_lse.stride(0), mid_lse.stride(1),
+        out.stride(0), out.stride(1),
+        HEAD_DIM=D, NUM_SPLITS=num_splits, BLOCK_N=block_n,
+        BLOCK_S=triton.next_power_of_2(num_splits), BLOCK_D=block_d,
+        num_warps=4 if num_splits * block_d >= 2048 else 2,
+    )
+    return out

@@ -1,0 +1,156 @@
+"""Small memory-bound fusions: residual add + RMSNorm, SiLU-and-mul, rotary embedding.
+
+Each matches its torch reference in tachyon/layers (norm.py, activation.py, rotary.py) rounding for rounding:
+intermediate results are cast to the storage dtype wherever the reference materialises a tensor.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+_TORCH_TO_TL = {torch.float32: tl.float32, torch.float16: tl.float16, torch.bfloat16: tl.bfloat16}
+
+
+# ---------------------------------------------------------------------------------------------- RMSNorm
+
+
+@triton.jit
+def _add_rms_norm_kernel(
+    x_ptr, res_ptr, w_ptr, out_ptr, new_res_ptr,
+    stride_x, stride_res, stride_out, stride_new_res,
+    n_cols, eps,
+    HAS_RESIDUAL: tl.constexpr, X_DTYPE: tl.constexpr, BLOCK: tl.constexpr,
+):
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.arange(0, BLOCK)
+    mask = cols < n_cols
+    x = tl.load(x_ptr + row * stride_x + cols, mask=mask, other=0.0)
+    if HAS_RESIDUAL:
+        r = tl.load(res_ptr + row * stride_res + cols, mask=mask, other=0.0)
+        x = (x.to(tl.float32) + r.to(tl.float32)).to(X_DTYPE)  # the reference materialises x + residual
+        tl.store(new_res_ptr + row * stride_new_res + cols, x, mask=mask)
+    xf = x.to(tl.float32)
+    rstd = 1.0 / tl.sqrt(tl.sum(xf * xf, axis=0) / n_cols + eps)
+    normed = (xf * rstd).to(X_DTYPE).to(tl.float32)
+    w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+    tl.store(out_ptr + row * stride_out + cols, (w * normed).to(out_ptr.dtype.element_ty), mask=mask)
+
+
+def fused_add_rms_norm(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float):
+    """Same contract as `RMSNorm.forward`: residual None -> (norm(x), None); else (norm(x + res), x + res)."""
+    shape = x.shape
+    H = shape[-1]
+    x2 = x.reshape(-1, H)
+    if x2.stride(-1) != 1:
+        x2 = x2.contiguous()
+    rows = x2.shape[0]
+    res_dtype = x.dtype if residual is None else torch.promote_types(x.dtype, residual.dtype)
+    out = torch.empty(shape, dtype=torch.promote_types(weight.dtype, res_dtype), device=x.device)
+    out2 = out.view(-1, H)
+    if residual is None:
+        res2 = new_res2 = x2  # unused
+        new_res = None
+    else:
+        res2 = residual.reshape(-1, H)
+        if res2.stride(-1) != 1:
+            res2 = res2.contiguous()
+        new_res = torch.empty(shape, dtype=res_dtype, device=x.device)
+        new_res2 = new_res.view(-1, H)
+    if rows == 0:
+        return out, new_res
+    block = triton.next_power_of_2(H)
+    _add_rms_norm_kernel[(rows,)](
+        x2, res2, weight, out2, new_res2,
+        x2.stride(0), res2.stride(0), out2.stride(0), new_res2.stride(0),
+        H, eps,
+        HAS_RESIDUAL=residual is not None, X_DTYPE=_TORCH_TO_TL[res_dtype], BLOCK=block,
+        num_warps=min(max(block // 256, 1), 16),
+    )
+    return out, new_res
+
+
+# ---------------------------------------------------------------------------------------------- SiLU
+
+
+@triton.jit
+def _silu_and_mul_kernel(x_ptr, out_ptr, stride_x, stride_out, d, BLOCK: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    mask = cols < d
+    gate = tl.load(x_ptr + row * stride_x + cols, mask=mask, other=0.0).to(tl.float32)
+    up = tl.load(x_ptr + row * stride_x + d + cols, mask=mask, other=0.0).to(tl.float32)
+    act = (gate / (1.0 + tl.exp(-gate))).to(out_ptr.dtype.element_ty).to(tl.float32)  # F.silu rounds here
+    tl.store(out_ptr + row * stride_out + cols, (act * up).to(out_ptr.dtype.element_ty), mask=mask)
+
+
+def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
+    """x = [gate | up] along the last dim -> silu(gate) * up."""
+    d = x.shape[-1] // 2
+    x2 = x.reshape(-1, 2 * d)
+    if x2.stride(-1) != 1:
+        x2 = x2.contiguous()
+    out = torch.empty((*x.shape[:-1], d), dtype=x.dtype, device=x.device)
+    out2 = out.view(-1, d)
+    if x2.shape[0] == 0:
+        return out
+    block = min(triton.next_power_of_2(d), 1024)
+    _silu_and_mul_kernel[(x2.shape[0], triton.cdiv(d, block))](
+        x2, out2, x2.stride(0), out2.stride(0), d, BLOCK=block, num_warps=4,
+    )
+    return out
+
+
+# ---------------------------------------------------------------------------------------------- rotary
+
+
+@triton.jit
+def _rotate(x_ptr, stride_t, stride_h, t, cos, sin, num_heads, HALF: tl.constexpr, BLOCK_H: tl.constexpr):
+    """Rotate all heads of token t in place: [x1 | x2] -> [x1 c - x2 s | x2 c + x1 s]."""
+    h = tl.arange(0, BLOCK_H)[:, None]
+    i = tl.arange(0, HALF)[None, :]
+    mask = h < num_heads
+    p1 = x_ptr + t * stride_t + h * stride_h + i
+    x1 = tl.load(p1, mask=mask, other=0.0).to(tl.float32)
+    x2 = tl.load(p1 + HALF, mask=mask, other=0.0).to(tl.float32)
+    tl.store(p1, (x1 * cos - x2 * sin).to(x_ptr.dtype.element_ty), mask=mask)
+    tl.store(p1 + HALF, (x2 * cos + x1 * sin).to(x_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _rotary_kernel(
+    pos_ptr, q_ptr, k_ptr, cs_ptr,
+    stride_qt, stride_qh, stride_kt, stride_kh, stride_cs,
+    num_q_heads, num_k_heads,
+    HALF: tl.constexpr, BLOCK_HQ: tl.constexpr, BLOCK_HK: tl.constexpr,
+):
+    t = tl.program_id(0).to(tl.int64)
+    pos = tl.load(pos_ptr + t).to(tl.int64)
+    i = tl.arange(0, HALF)[None, :]
+    cos = tl.load(cs_ptr + pos * stride_cs + i).to(tl.float32)
+    sin = tl.load(cs_ptr + pos * stride_cs + HALF + i).to(tl.float32)
+    _rotate(q_ptr, stride_qt, stride_qh, t, cos, sin, num_q_heads, HALF, BLOCK_HQ)
+    _rotate(k_ptr, stride_kt, stride_kh, t, cos, sin, num_k_heads, HALF, BLOCK_HK)
+
+
+def rotary(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, cos_sin_cache: torch.Tensor):
+    """Same result as `RotaryEmbedding.forward`, but rotates q [T, Hq, D] and k [T, Hkv, D] in place.
+
+    q and k may be strided views (e.g. of a fused qkv output) as long as the head dim is contiguous.
+    cos_sin_cache is [max_pos, D] = [cos | sin]; D must be a power of two.
+    """
+    T, Hq, D = q.shape
+    Hk = k.shape[1]
+    assert q.stride(-1) == 1 and k.stride(-1) == 1 and cos_sin_cache.stride(-1) == 1
+    assert cos_sin_cache.shape[-1] == D and D & (D - 1) == 0, "rotary dim must equal head_dim, a power of 2"
+    if T == 0:
+        return q, k
+    _rotary_kernel[(T,)](
+        positions, q, k, cos_sin_cache,
+        q.stride(0), q.stride(1), k.stride(0), k.stride(1), cos_sin_cache.stride(0),
+        Hq, Hk,
+        HALF=D // 2, BLOCK_HQ=triton.next_power_of_2(Hq), BLOCK_HK=triton.next_power_of_2(Hk),
+        num_warps=4,
+    )
+    return q, k

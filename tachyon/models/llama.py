@@ -1,0 +1,170 @@
+"""The Llama family in one file: Llama 2/3/3.1, Mistral, Qwen2 (qkv bias), Qwen3 (q/k RMSNorm), SmolLM.
+
+Inputs are packed and unpadded: `input_ids` and `positions` are [T] for all sequences of a step together;
+attention reads and writes the paged KV cache through the backend in `layers/attention.py`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import torch
+from torch import nn
+
+from tachyon.config import ModelConfig
+from tachyon.layers.activation import silu_and_mul_ref
+from tachyon.layers.attention import AttentionMetadata
+from tachyon.layers.norm import RMSNorm
+from tachyon.layers.rotary import RotaryEmbedding
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: ModelConfig, layer_idx: int):
+        super().__init__()
+        self.layer_idx = layer_idx
+        self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+        self.q_size = self.num_heads * self.head_dim
+        self.kv_size = self.num_kv_heads * self.head_dim
+        self.scale = self.head_dim ** -0.5
+        self.qkv_proj = nn.Linear(cfg.hidden_size, self.q_size + 2 * self.kv_size, bias=cfg.qkv_bias)
+        self.o_proj = nn.Linear(self.q_size, cfg.hidden_size, bias=False)
+        if cfg.qk_norm:
+            self.q_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps)
+            self.k_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps)
+        else:
+            self.q_norm = self.k_norm = None
+
+    def forward(self, positions, hidden, kv_cache, meta: AttentionMetadata, backend, rotary):
+        T = hidden.shape[0]
+        qkv = self.qkv_proj(hidden)
+        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q = q.view(T, self.num_heads, self.head_dim)
+        k = k.view(T, self.num_kv_heads, self.head_dim)
+        v = v.view(T, self.num_kv_heads, self.head_dim)
+        if self.q_norm is not None:
+            q = self.q_norm(q.contiguous())
+            k = self.k_norm(k.contiguous())
+        q, k = rotary(positions, q, k)
+        o = backend.forward(q, k, v, kv_cache[0], kv_cache[1], meta, self.scale)
+        return self.o_proj(o.reshape(T, self.q_size))
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.gate_up_proj = nn.Linear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+        self.act = silu_and_mul_ref  # the GPU runner swaps in the fused kernel
+
+    def forward(self, x):
+        return self.down_proj(self.act(self.gate_up_proj(x)))
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, cfg: ModelConfig, layer_idx: int):
+        super().__init__()
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.self_attn = Attention(cfg, layer_idx)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.mlp = MLP(cfg)
+
+    def forward(self, positions, hidden, residual, kv_cache, meta, backend, rotary):
+        if residual is None:
+            residual = hidden
+            hidden = self.input_layernorm(hidden)
+        else:
+            hidden, residual = self.input_layernorm(hidden, residual)
+        hidden = self.self_attn(positions, hidden, kv_cache, meta, backend, rotary)
+        hidden, residual = self.post_attention_layernorm(hidden, residual)
+        return self.mlp(hidden), residual
+
+
+class LlamaForCausalLM(nn.Module):
+    # checkpoint name -> (our fused parameter, shard id)
+    stacked_params = [
+        ("qkv_proj", "q_proj", "q"), ("qkv_proj", "k_proj", "k"), ("qkv_proj", "v_proj", "v"),
+        ("gate_up_proj", "gate_proj", 0), ("gate_up_proj", "up_proj", 1),
+    ]
+
+    def __init__(self, cfg: ModelConfig, max_positions: int | None = None):
+        super().__init__()
+        self.cfg = cfg
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(cfg, i) for i in range(cfg.num_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        if cfg.tie_word_embeddings:
+            self.lm_head.weight = self.embed_tokens.weight
+        self.rotary = RotaryEmbedding(cfg.head_dim, max_positions or cfg.max_position_embeddings,
+                                      cfg.rope_theta, cfg.rope_scaling)
+
+    def finish_init(self, device) -> None:
+        """After building on the meta device: real rotary tables (fp32) and the embedding tie."""
+        c = self.cfg
+        self.rotary = RotaryEmbedding(c.head_dim, self.rotary.cos_sin_cache.shape[0], c.rope_theta,
+                                      c.rope_scaling).to(device)
+        if c.tie_word_embeddings:
+            self.lm_head.weight = self.embed_tokens.weight
+
+    def forward(self, input_ids, positions, kv_caches, meta: AttentionMetadata, backend) -> torch.Tensor:
+        """Returns the final hidden states [T, hidden]; `compute_logits` turns selected rows into logits."""
+        hidden = self.embed_tokens(input_ids)
+        residual = None
+        for layer, kv in zip(self.layers, kv_caches):
+            hidden, residual = layer(positions, hidden, residual, kv, meta, backend, self.rotary)
+        hidden, _ = self.norm(hidden, residual)
+        return hidden
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.lm_head(hidden).float()
+
+    @torch.no_grad()
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Copy checkpoint tensors (HF names) into the fused parameters; complain about anything missing."""
+        params = dict(self.named_parameters())
+        loaded: set[str] = set()
+        c = self.cfg
+        q, kv = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
+        qkv_offsets = {"q": (0, q), "k": (q, kv), "v": (q + kv, kv)}
+        inter = c.intermediate_size
+        for name, tensor in weights:
+            name = name.removeprefix("model.")
+            if "rotary_emb.inv_freq" in name:
+                continue
+            if name == "lm_head.weight" and c.tie_word_embeddings:
+                continue
+            for fused, part, shard in self.stacked_params:
+                if f".{part}." in name:
+                    target = name.replace(part, fused)
+                    param = params.get(target)
+                    if param is None:
+                        raise ValueError(f"checkpoint tensor {name} has no place in {c.architecture}")
+                    start, size = qkv_offsets[shard] if fused == "qkv_proj" else (shard * inter, inter)
+                    _copy(param.data[start:start + size], tensor, name)
+                    loaded.add(f"{target}:{shard}")
+                    break
+            else:
+                param = params.get(name)
+                if param is None:
+                    raise ValueError(f"checkpoint tensor {name} has no place in {c.architecture}")
+                _copy(param.data, tensor, name)
+                loaded.add(name)
+        expected = set()
+        for pname in params:
+            if ".qkv_proj." in pname:
+                expected |= {f"{pname}:{s}" for s in "qkv"}
+            elif ".gate_up_proj." in pname:
+                expected |= {f"{pname}:{s}" for s in (0, 1)}
+            elif pname == "lm_head.weight" and c.tie_word_embeddings:
+                continue
+            else:
+                expected.add(pname)
+        missing = sorted(expected - loaded)
+        if missing:
+            raise ValueError(f"checkpoint lacks {len(missing)} tensors, e.g. {missing[:4]}: is it complete?")
+
+
+def _copy(dst: torch.Tensor, src: torch.Tensor, name: str) -> None:
+    if tuple(dst.shape) != tuple(src.shape):
+        raise ValueError(f"checkpoint tensor {name} has shape {tuple(src.shape)}, the config expects {tuple(dst.shape)}")
+    dst.copy_(src)

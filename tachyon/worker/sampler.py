@@ -1,0 +1,152 @@
+"""Sampling on the device: penalties, temperature, top-k, top-p, min-p, per-request seeds, logprobs.
+
+Random rows sample with the exponential race: argmax(p / q) with q ~ Exp(1) picks token i with
+probability p_i. A seeded request draws its q from its own generator, one vector per step, so what it
+samples does not depend on what else is in the batch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from tachyon.engine.request import Request
+
+_NEG_INF = float("-inf")
+
+
+@dataclass
+class SamplerOutput:
+    token_ids: list[int]
+    # per row: {token_id: logprob} of the top-N and the sampled token, or None
+    logprobs: list[dict[int, float] | None]
+    sampled_logprobs: list[float | None]
+
+
+class Sampler:
+    def __init__(self, vocab_size: int, device: torch.device, seed: int = 0):
+        self.vocab_size = vocab_size
+        self.device = device
+        self.generator = torch.Generator(device=device)
+        self.generator.manual_seed(seed)
+
+    def request_generator(self, seed: int) -> torch.Generator:
+        g = torch.Generator(device=self.device)
+        g.manual_seed(seed)
+        return g
+
+    def __call__(self, logits: torch.Tensor, reqs: list[Request]) -> SamplerOutput:
+        """logits: [S, V] float32 (one row per sequence that samples this step), rows in `reqs` order."""
+        logits = logits[:, : self.vocab_size]
+        S = logits.shape[0]
+        params = [r.sampling_params for r in reqs]
+        want_logprobs = [sp.logprobs for sp in params]
+        raw_logprobs = torch.log_softmax(logits, dim=-1) if any(n is not None for n in want_logprobs) else None
+
+        logits = self._apply_penalties(logits, reqs)
+        logits = self._mask_stop_before_min_tokens(logits, reqs)
+
+        greedy = [sp.greedy for sp in params]
+        if all(greedy):
+            tokens = logits.argmax(dim=-1)
+        else:
+            tokens = self._sample_random(logits, reqs, greedy)
+        token_list = tokens.tolist()
+
+        out_lp: list[dict[int, float] | None] = [None] * S
+        sampled_lp: list[float | None] = [None] * S
+        if raw_logprobs is not None:
+            k = max(n or 0 for n in want_logprobs)
+            top_vals, top_ids = (raw_logprobs.topk(k, dim=-1) if k > 0 else (None, None))
+            chosen = raw_logprobs.gather(1, tokens.view(-1, 1)).squeeze(1).tolist()
+            top_vals = top_vals.tolist() if k > 0 else None
+            top_ids = top_ids.tolist() if k > 0 else None
+            for i, n in enumerate(want_logprobs):
+                if n is None:
+                    continue
+                d = {token_list[i]: chosen[i]}
+                if n > 0:
+                    for tid, v in zip(top_ids[i][:n], top_vals[i][:n]):
+                        d.setdefault(tid, v)
+                out_lp[i] = d
+                sampled_lp[i] = chosen[i]
+        return SamplerOutput(token_list, out_lp, sampled_lp)
+
+    # -- logits processing ----------------------------------------------------------------------------------
+    def _apply_penalties(self, logits: torch.Tensor, reqs: list[Request]) -> torch.Tensor:
+        rows = [i for i, r in enumerate(reqs) if (r.sampling_params.repetition_penalty != 1.0
+                                                  or r.sampling_params.presence_penalty != 0.0
+                                                  or r.sampling_params.frequency_penalty != 0.0)]
+        if not rows:
+            return logits
+        logits = logits.clone()
+        V = logits.shape[1]
+        for i in rows:
+            r, sp = reqs[i], reqs[i].sampling_params
+            row = logits[i]
+            if sp.repetition_penalty != 1.0:
+                seen = torch.tensor(sorted(set(t for t in r.token_ids if t < V)), device=logits.device, dtype=torch.long)
+                if seen.numel():
+                    vals = row[seen]
+                    row[seen] = torch.where(vals > 0, vals / sp.repetition_penalty, vals * sp.repetition_penalty)
+            if sp.presence_penalty != 0.0 or sp.frequency_penalty != 0.0:
+                out = r.output_token_ids
+                if out:
+                    counts = torch.bincount(torch.tensor(out, device=logits.device), minlength=V)[:V].to(row.dtype)
+                    row -= sp.frequency_penalty * counts + sp.presence_penalty * (counts > 0).to(row.dtype)
+        return logits
+
+    def _mask_stop_before_min_tokens(self, logits: torch.Tensor, reqs: list[Request]) -> torch.Tensor:
+        cloned = False
+        for i, r in enumerate(reqs):
+            sp = r.sampling_params
+            if r.num_output_tokens < sp.min_tokens:
+                banned = set(sp.stop_token_ids)
+                if not sp.ignore_eos:
+                    banned |= r.eos_token_ids
+                if banned:
+                    if not cloned:
+                        logits, cloned = logits.clone(), True
+                    logits[i, torch.tensor(sorted(banned), device=logits.device)] = _NEG_INF
+        return logits
+
+    def _sample_random(self, logits: torch.Tensor, reqs: list[Request], greedy: list[bool]) -> torch.Tensor:
+        S, V = logits.shape
+        params = [r.sampling_params for r in reqs]
+        dev = logits.device
+        temp = torch.tensor([1.0 if g else sp.temperature for g, sp in zip(greedy, params)], device=dev)
+        x = logits / temp.unsqueeze(1)
+        top_k = [sp.top_k for sp in params]
+        if any(k > 0 for k in top_k):
+            k_t = torch.tensor([k if k > 0 else V for k in top_k], device=dev)
+            kth = x.sort(dim=-1, descending=True).values.gather(1, (k_t.clamp(max=V) - 1).view(-1, 1))
+            x = x.masked_fill(x < kth, _NEG_INF)
+        probs = x.softmax(dim=-1)
+        top_p = [sp.top_p for sp in params]
+        if any(p < 1.0 for p in top_p):
+            p_t = torch.tensor(top_p, device=dev).view(-1, 1)
+            sorted_p, idx = probs.sort(dim=-1, descending=True)
+            cum = sorted_p.cumsum(dim=-1)
+            drop_sorted = (cum - sorted_p) >= p_t  # keep the smallest set whose mass reaches top_p
+            drop = torch.zeros_like(drop_sorted).scatter(1, idx, drop_sorted)
+            probs = probs.masked_fill(drop, 0.0)
+        min_p = [sp.min_p for sp in params]
+        if any(m > 0 for m in min_p):
+            m_t = torch.tensor(min_p, device=dev).view(-1, 1)
+            probs = probs.masked_fill(probs < m_t * probs.max(dim=-1, keepdim=True).values, 0.0)
+        q = torch.empty_like(probs)
+        unseeded = [i for i, r in enumerate(reqs) if r.generator is None]
+        if unseeded:
+            if len(unseeded) == S:
+                q.exponential_(generator=self.generator)
+            else:
+                q[unseeded] = torch.empty(len(unseeded), V, device=dev).exponential_(generator=self.generator)
+        for i, r in enumerate(reqs):
+            if r.generator is not None:
+                q[i].exponential_(generator=r.generator)
+        tokens = (probs / q).argmax(dim=-1)
+        if any(greedy):
+            g = torch.tensor(greedy, device=dev)
+            tokens = torch.where(g, logits.argmax(dim=-1), tokens)
+        return tokens

@@ -1,0 +1,88 @@
+"""Decode (split-K), prefill/extend and the backend that combines them, against `paged_attention_ref`."""
+
+import pytest
+import torch
+
+from tachyon.kernels.attention_backend import TritonAttentionBackend
+from tachyon.kernels.decode_attention import decode_attention
+from tachyon.kernels.kv_write import write_kv
+from tachyon.kernels.paged_attention import prefill_attention
+from tachyon.layers.attention import get_attention_backend, paged_attention_ref, write_kv_ref
+
+# 16-bit kernels round P to the input dtype before P @ V; the reference runs in fp32 on the same inputs
+TOL = {torch.float32: 1e-5, torch.float16: 3e-3, torch.bfloat16: 2e-2}
+GQA = [(2, 2), (6, 2), (8, 2)]  # (Hq, Hkv): ratios 1, 3, 4
+
+# decodes first; then a chunk over a cached prefix (a prefix-cache hit), a later chunk, fresh prefills
+MIXED = [(1, 1), (1, 17), (1, 70), (9, 41), (16, 16), (5, 5), (33, 100), (1, 30)]
+
+
+def _reference(q, k_cache, v_cache, meta, scale):
+    return paged_attention_ref(q.float(), k_cache.float(), v_cache.float(), meta, scale)
+
+
+def _poisoned_like(q):
+    return torch.full(q.shape, float("nan"), dtype=q.dtype, device=q.device)
+
+
+@pytest.mark.parametrize("num_q_heads,num_kv_heads", GQA)
+@pytest.mark.parametrize("head_dim", [32, 64, 128])
+def test_decode_attention(make_batch, rel_err, dtype, num_q_heads, num_kv_heads, head_dim):
+    seqs = [(1, n) for n in (1, 16, 17, 45, 130)]
+    q, _, _, k_cache, v_cache, meta = make_batch(seqs, num_q_heads, num_kv_heads, head_dim, dtype)
+    scale = head_dim ** -0.5
+    out = _poisoned_like(q)
+    decode_attention(q, k_cache, v_cache, meta.block_tables, meta.seq_lens, scale, meta.max_seq_len, out=out)
+    assert rel_err(out, _reference(q, k_cache, v_cache, meta, scale)) <= TOL[dtype]
+
+
+@pytest.mark.parametrize("num_splits", [1, 3, 8, 32])  # 32: most splits past every context, exit early
+def test_decode_attention_splits(make_batch, rel_err, num_splits):
+    seqs = [(1, n) for n in (1, 2, 63, 64, 65, 300)]
+    q, _, _, k_cache, v_cache, meta = make_batch(seqs, 8, 2, 64, torch.float32, seed=num_splits)
+    out = _poisoned_like(q)
+    decode_attention(q, k_cache, v_cache, meta.block_tables, meta.seq_lens, 0.125, meta.max_seq_len, out=out,
+                     num_splits=num_splits)
+    assert rel_err(out, _reference(q, k_cache, v_cache, meta, 0.125)) <= TOL[torch.float32]
+
+
+@pytest.mark.parametrize("num_q_heads,num_kv_heads", GQA)
+@pytest.mark.parametrize("head_dim", [32, 64, 128])
+def test_prefill_attention_all_sequences(make_batch, rel_err, dtype, num_q_heads, num_kv_heads, head_dim):
+    # the prefill kernel must also be right for decodes when it is handed the whole batch
+    q, k, v, k_cache, v_cache, meta = make_batch(MIXED, num_q_heads, num_kv_heads, head_dim, dtype)
+    write_kv_ref(k, v, k_cache, v_cache, meta.slot_mapping)
+    scale = head_dim ** -0.5
+    out = _poisoned_like(q)
+    prefill_attention(q, k_cache, v_cache, meta.block_tables, meta.query_start_loc, meta.seq_lens, scale,
+                      meta.max_query_len, out=out)
+    assert rel_err(out, _reference(q, k_cache, v_cache, meta, scale)) <= TOL[dtype]
+
+
+def test_prefill_attention_long_prompt(make_batch, rel_err):
+    # several q tiles and several unmasked key tiles per program, block tables of shuffled ids
+    q, k, v, k_cache, v_cache, meta = make_batch([(150, 150), (70, 300)], 4, 1, 32, torch.float16, seed=3)
+    write_kv_ref(k, v, k_cache, v_cache, meta.slot_mapping)
+    out = _poisoned_like(q)
+    prefill_attention(q, k_cache, v_cache, meta.block_tables, meta.query_start_loc, meta.seq_lens, 0.2,
+                      meta.max_query_len, out=out)
+    assert rel_err(out, _reference(q, k_cache, v_cache, meta, 0.2)) <= TOL[torch.float16]
+
+
+@pytest.mark.parametrize("num_q_heads,num_kv_heads", GQA)
+@pytest.mark.parametrize("seqs", [MIXED, [(1, 5), (1, 33)], [(12, 12), (4, 20)]], ids=["mixed", "decode", "prefill"])
+def test_backend_matches_torch_backend(make_batch, rel_err, dtype, num_q_heads, num_kv_heads, seqs):
+    head_dim = 64
+    q, k, v, k_cache, v_cache, meta = make_batch(seqs, num_q_heads, num_kv_heads, head_dim, dtype, num_padding=2)
+    k_ref, v_ref = k_cache.clone(), v_cache.clone()
+    scale = head_dim ** -0.5
+    out = get_attention_backend("triton").forward(q, k, v, k_cache, v_cache, meta, scale)
+    ref = get_attention_backend("torch").forward(q.float(), k.float(), v.float(), k_ref, v_ref, meta, scale)
+    assert torch.equal(k_cache, k_ref) and torch.equal(v_cache, v_ref)
+    n = sum(meta.query_lens_cpu)  # the padding rows carry no sequence
+    assert out.shape == q.shape and out.dtype == q.dtype
+    assert rel_err(out[:n], ref[:n]) <= TOL[dtype]
+
+
+def test_backend_name():
+    assert TritonAttentionBackend.name == "triton"

@@ -1,0 +1,93 @@
+import pytest
+import torch
+from torch import nn
+
+from tachyon.kernels.attention_backend import install_fused_ops
+from tachyon.kernels.fused_ops import fused_add_rms_norm, rotary, silu_and_mul
+from tachyon.layers.activation import silu_and_mul_ref
+from tachyon.layers.norm import RMSNorm
+from tachyon.layers.rotary import RotaryEmbedding
+
+# the kernels round where the references round, so only last-bit differences (exp/rsqrt ulps) remain
+TOL = {torch.float32: 1e-6, torch.float16: 1e-3, torch.bfloat16: 8e-3}
+
+
+def _norm(hidden: int, dtype, device) -> RMSNorm:
+    norm = RMSNorm(hidden, eps=1e-5).to(device=device, dtype=dtype)
+    with torch.no_grad():
+        norm.weight.copy_(1 + 0.5 * torch.randn(hidden))
+    return norm
+
+
+@pytest.mark.parametrize("shape", [(1, 64), (7, 200), (3, 4, 32)])  # (3, 4, 32): per-head q/k norm
+@pytest.mark.parametrize("with_residual", [False, True])
+def test_fused_add_rms_norm(dtype, device, rel_err, shape, with_residual):
+    torch.manual_seed(0)
+    norm = _norm(shape[-1], dtype, device)
+    x = (3 * torch.randn(shape)).to(device=device, dtype=dtype)
+    res = torch.randn(shape).to(device=device, dtype=dtype) if with_residual else None
+    ref = norm(x, res)
+    out = fused_add_rms_norm(x, res, norm.weight, norm.eps)
+    if with_residual:
+        assert out[1].dtype == ref[1].dtype and out[1].shape == ref[1].shape
+        assert rel_err(out[1], ref[1]) <= TOL[dtype]
+        ref, out = ref[0], out[0]
+    else:
+        assert out[1] is None
+        out = out[0]
+    assert out.dtype == ref.dtype and out.shape == ref.shape
+    assert rel_err(out, ref) <= TOL[dtype]
+
+
+def test_fused_add_rms_norm_strided_input(device, rel_err):
+    norm = _norm(48, torch.float32, device)
+    x = torch.randn(5, 96, device=device)[:, :48]  # row stride 96
+    res = torch.randn(5, 48, device=device)
+    out, new_res = fused_add_rms_norm(x, res, norm.weight, norm.eps)
+    ref, ref_res = norm(x, res)
+    assert rel_err(out, ref) <= 1e-6 and rel_err(new_res, ref_res) <= 1e-6
+
+
+@pytest.mark.parametrize("shape", [(1, 64), (9, 2 * 300), (2, 3, 2 * 1500)])
+def test_silu_and_mul(dtype, device, rel_err, shape):
+    torch.manual_seed(0)
+    x = (4 * torch.randn(shape)).to(device=device, dtype=dtype)
+    out = silu_and_mul(x)
+    ref = silu_and_mul_ref(x)
+    assert out.shape == ref.shape and out.dtype == ref.dtype
+    assert rel_err(out, ref) <= TOL[dtype]
+
+
+@pytest.mark.parametrize("num_q_heads,num_kv_heads,head_dim", [(4, 1, 32), (3, 3, 64), (8, 2, 128)])
+def test_rotary_on_fused_qkv_views(dtype, device, rel_err, num_q_heads, num_kv_heads, head_dim):
+    torch.manual_seed(0)
+    scaling = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+               "original_max_position_embeddings": 64}
+    rope = RotaryEmbedding(head_dim, 512, 500000.0, scaling).to(device)
+    T = 11
+    q_size, kv_size = num_q_heads * head_dim, num_kv_heads * head_dim
+    qkv = torch.randn(T, q_size + 2 * kv_size).to(device=device, dtype=dtype)
+    q = qkv[:, :q_size].view(T, num_q_heads, head_dim)
+    k = qkv[:, q_size:q_size + kv_size].view(T, num_kv_heads, head_dim)
+    v_before = qkv[:, q_size + kv_size:].clone()
+    positions = torch.randint(0, 512, (T,), device=device)
+    q_ref, k_ref = rope(positions, q, k)
+    q_out, k_out = rotary(positions, q, k, rope.cos_sin_cache)
+    assert rel_err(q_out, q_ref) <= TOL[dtype]
+    assert rel_err(k_out, k_ref) <= TOL[dtype]
+    assert torch.equal(qkv[:, q_size + kv_size:], v_before)  # v untouched
+
+
+def test_install_fused_ops(device):
+    class Tiny(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.norm = RMSNorm(32)
+            self.rotary = RotaryEmbedding(16, 64, 10000.0, None)
+            self.mlp = nn.Module()
+            self.mlp.act = silu_and_mul_ref
+
+    model = install_fused_ops(Tiny())
+    assert model.norm.fused is fused_add_rms_norm
+    assert model.rotary.fused is rotary
+    assert model.mlp.act is silu_and_mul
