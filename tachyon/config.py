@@ -146,7 +146,7 @@ class CacheConfig:
     # CPU: the KV pool is this many bytes. GPU: sized from free memory and gpu_memory_utilization.
     kv_cache_bytes: int = 1 << 30
     gpu_memory_utilization: float = 0.9
-    num_gpu_blocks_override: int | None = None
+    num_kv_blocks: int | None = None
     enable_prefix_caching: bool = True
     swap_space_gib: float = 4.0
 

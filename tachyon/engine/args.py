@@ -26,7 +26,7 @@ class EngineArgs:
     block_size: int = 16
     kv_cache_memory_gib: float = 1.0  # CPU: the KV pool's size
     gpu_memory_utilization: float = 0.9
-    num_gpu_blocks_override: int | None = None
+    num_kv_blocks: int | None = None  # exact KV pool size in blocks (overrides the memory-based sizing)
     enable_prefix_caching: bool = True
     swap_space: float = 4.0  # GiB of CPU memory for preempted sequences' KV; 0 = recompute only
     seed: int = 0
@@ -67,7 +67,7 @@ class EngineArgs:
             model=model_cfg,
             cache=CacheConfig(block_size=self.block_size, kv_cache_bytes=int(self.kv_cache_memory_gib * (1 << 30)),
                               gpu_memory_utilization=self.gpu_memory_utilization,
-                              num_gpu_blocks_override=self.num_gpu_blocks_override,
+                              num_kv_blocks=self.num_kv_blocks,
                               enable_prefix_caching=self.enable_prefix_caching, swap_space_gib=self.swap_space),
             scheduler=SchedulerConfig(max_num_batched_tokens=max(self.max_num_batched_tokens or default_tokens, 1),
                                       max_num_seqs=self.max_num_seqs, max_model_len=max_len),
@@ -88,8 +88,8 @@ class EngineArgs:
         return engine
 
     def _num_blocks(self, config: EngineConfig, runner) -> int:
-        if config.cache.num_gpu_blocks_override:
-            return config.cache.num_gpu_blocks_override
+        if config.cache.num_kv_blocks:
+            return config.cache.num_kv_blocks
         if config.device.type == "cuda":
             return runner.profile_num_blocks()
         return num_kv_blocks_for_budget(config.model, config.dtype, config.cache.block_size,

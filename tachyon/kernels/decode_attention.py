@@ -131,6 +131,13 @@ def num_decode_splits(batch: int, num_kv_heads: int, max_seq_len: int, min_chunk
     return triton.next_power_of_2(max(1, min(want, fit, max_splits)))
 
 
+def _split_config(dtype: torch.dtype) -> tuple[int, int, int]:
+    """Stage 1's (BLOCK_N, num_warps, num_stages)."""
+    if dtype == torch.float32:  # exact fp32 dots run on FMAs: keep tiles small
+        return 16, 4, 2
+    return 64, 4, 2
+
+
 def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
                      seq_lens: torch.Tensor, scale: float, max_seq_len: int, out: torch.Tensor | None = None,
                      num_splits: int | None = None) -> torch.Tensor:
@@ -153,7 +160,7 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
         num_splits = num_decode_splits(B, Hkv, max_seq_len)
     group = Hq // Hkv
     block_d = triton.next_power_of_2(D)
-    block_n = 64 if q.element_size() < 4 else 32
+    block_n, num_warps, num_stages = _split_config(q.dtype)
     mid_o, mid_lse = _get_workspace(B, Hq, num_splits, D, q.device)
     _decode_split_kernel[(B, Hkv, num_splits)](
         q, k_cache, v_cache, block_tables, seq_lens, mid_o, mid_lse,
@@ -166,7 +173,7 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
         GROUP=group, HEAD_DIM=D, PAGE=page, NUM_SPLITS=num_splits,
         BLOCK_G=max(16, triton.next_power_of_2(group)), BLOCK_N=block_n, BLOCK_D=block_d,
         PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
-        num_warps=4, num_stages=2,
+        num_warps=num_warps, num_stages=num_stages,
     )
     _decode_reduce_kernel[(B, Hq)](
         mid_o, mid_lse, seq_lens, out,

@@ -49,7 +49,8 @@ class ModelRunner:
     def allocate_kv_cache(self, num_blocks: int) -> None:
         m = self.config.model
         shape = (m.num_layers, 2, num_blocks, self.block_size, m.num_kv_heads, m.head_dim)
-        self._kv = torch.empty(shape, dtype=self.dtype, device=self.device)
+        # zeros, not empty: masked-out padding still enters SDPA's weighted sum (0 * NaN = NaN)
+        self._kv = torch.zeros(shape, dtype=self.dtype, device=self.device)
         self.kv_caches = [(self._kv[i, 0], self._kv[i, 1]) for i in range(m.num_layers)]
         self.num_blocks = num_blocks
 

@@ -1,0 +1,101 @@
+"""Backends run a list of BenchRequests and return one RequestResult per request.
+
+`tachyon` (the engine in this process), `hf` (transformers `generate`, static padded batches: the
+"PyTorch native" baseline) and `openai` (any OpenAI-compatible server over HTTP). Each is imported only
+when asked for, so `bench latency --backend hf` needs neither fastapi nor httpx.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from tachyon.bench.metrics import RequestResult
+from tachyon.bench.workloads import BenchRequest
+
+BACKENDS = ("tachyon", "hf", "openai")
+
+
+@dataclass
+class RunResult:
+    results: list[RequestResult]
+    duration: float
+    t0: float
+    interrupted: bool = False
+    extra: dict = field(default_factory=dict)
+
+
+class Backend:
+    name = "base"
+
+    def load(self) -> None:
+        """Build the model; records `startup_s`."""
+
+    @property
+    def vocab_size(self) -> int:
+        raise NotImplementedError
+
+    @property
+    def tokenizer(self):
+        return None
+
+    def chat_ids(self, message: str) -> list[int]:
+        tok = self.tokenizer
+        if tok is None or not getattr(tok, "chat_template", None):
+            raise ValueError(f"backend {self.name}: the model has no chat template for a chat workload")
+        ids = tok.apply_chat_template([{"role": "user", "content": message}], add_generation_prompt=True,
+                                      tokenize=True)
+        if hasattr(ids, "keys"):
+            ids = ids["input_ids"]
+        return list(ids)
+
+    def run(self, reqs: list[BenchRequest], progress=None) -> RunResult:
+        raise NotImplementedError
+
+    def config(self) -> dict:
+        return {}
+
+    def memory(self) -> dict:
+        return peak_memory()
+
+    def close(self) -> None:
+        pass
+
+
+def peak_memory() -> dict:
+    """Peak GPU memory allocated by torch (GPU), or peak resident memory of this process (CPU)."""
+    out = {}
+    try:
+        import torch
+
+        if torch.cuda.is_available() and torch.cuda.is_initialized():
+            out["gpu_peak_allocated_gib"] = torch.cuda.max_memory_allocated() / 2**30
+    except Exception:
+        pass
+    try:
+        import resource
+
+        out["cpu_peak_rss_gib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+    except Exception:
+        pass
+    return out
+
+
+def make_backend(name: str, args) -> Backend:
+    if name == "tachyon":
+        from tachyon.bench.backends.tachyon import TachyonBackend
+
+        return TachyonBackend(args)
+    if name == "hf":
+        from tachyon.bench.backends.hf import HFBackend
+
+        return HFBackend(args)
+    if name == "openai":
+        from tachyon.bench.backends.openai import OpenAIBackend
+
+        return OpenAIBackend(args)
+    raise ValueError(f"unknown backend {name!r}; choose from {', '.join(BACKENDS)}")
+
+
+def now() -> float:
+    return time.perf_counter()

@@ -1,0 +1,399 @@
+"""`tachyon bench {latency,throughput,serve,sweep,ladder}` and `tachyon bench --compare A.json B.json`.
+
+Every command runs one workload through one or more backends, prints a table, and saves JSON + Markdown
+(+ PNG for sweep, ladder and compare) under benchmarks/results/ unless --output says otherwise.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import gc
+import math
+import os
+import sys
+
+from tachyon.bench.workloads import NAMED, WorkloadSpec, parse_len
+
+RESULTS_DIR = os.path.join("benchmarks", "results")
+
+
+# -- arguments ------------------------------------------------------------------------------------------------
+def _add_workload_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("workload")
+    g.add_argument("--workload", choices=sorted(NAMED), default=None,
+                   help="a standard workload of shared/WORKLOADS.md (flags below override its fields)")
+    g.add_argument("--input-len", type=parse_len, default=None, help="tokens, or a range LO:HI drawn uniformly")
+    g.add_argument("--output-len", type=parse_len, default=None, help="tokens, or a range LO:HI")
+    g.add_argument("--num-prompts", type=int, default=None)
+    g.add_argument("--workload-seed", type=int, default=None, help="seed of the prompt token ids")
+    g.add_argument("--prefix-len", type=int, default=None, help="tokens shared by every prompt (prefix workload)")
+    g.add_argument("--chat", action="store_true", help="the fixed chat prompt through the chat template")
+    g.add_argument("--dataset", default=None, metavar="FILE.jsonl",
+                   help='one request a line: {"prompt": "..." | "prompt_token_ids": [...], "output_len": N}')
+
+
+def _add_backend_args(p: argparse.ArgumentParser, default: str | None) -> None:
+    g = p.add_argument_group("backends")
+    g.add_argument("--backend", action="append", default=None, choices=["tachyon", "hf", "openai"],
+                   help=f"repeatable; runs each in turn (default: {default})")
+    g.add_argument("--label", default=None, help="name of this run in tables and plots (one backend)")
+    g.add_argument("--hf-batch-size", type=int, default=None,
+                   help="hf: static batch size (default: every request in one batch)")
+    g.add_argument("--hf-dtype", default=None, help="hf: dtype (default: --dtype; auto = fp32 CPU, bf16 GPU)")
+    g.add_argument("--hf-attn", default="sdpa", help="hf: attn_implementation (sdpa, eager, flash_attention_2)")
+    g.add_argument("--hf-compile", action="store_true", help="hf: torch.compile the forward (static cache)")
+    g.add_argument("--num-warmups", type=int, default=1, help="requests run before timing starts")
+    _add_http_args(p)
+
+
+def _add_http_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("HTTP (openai backend, serve)")
+    g.add_argument("--base-url", default=None, help="OpenAI-compatible server (default http://127.0.0.1:8000)")
+    g.add_argument("--endpoint", default="/v1/completions")
+    g.add_argument("--served-model-name", default=None, help="the 'model' field (default: the server's first)")
+    g.add_argument("--api-key", default=None)
+    g.add_argument("--vocab-size", type=int, default=None, help="for random prompts without a tokenizer")
+    g.add_argument("--prompt-format", choices=["auto", "ids", "text"], default="auto",
+                   help="send token ids, or text decoded with --tokenizer (auto: text iff --tokenizer)")
+    g.add_argument("--request-rate", type=float, default=math.inf, help="req/s (default inf: all at once)")
+    g.add_argument("--burstiness", type=float, default=1.0, help="gamma shape: 1 = Poisson arrivals")
+    g.add_argument("--max-concurrency", type=int, default=None)
+    g.add_argument("--request-timeout", type=float, default=600.0)
+
+
+def _add_report_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("results")
+    g.add_argument("--percentiles", default="99", help="comma-separated, e.g. 50,90,99")
+    g.add_argument("--goodput", nargs="+", default=None, metavar="NAME:MS", help="SLOs, e.g. ttft:2000 e2el:5000")
+    g.add_argument("--output", default=None, help="JSON path (default benchmarks/results/<workload>_<cmd>_<time>.json)")
+    g.add_argument("--plot", default=None, help="PNG path (sweep, ladder, compare; default beside the JSON)")
+    g.add_argument("--no-save", action="store_true", help="print only")
+    g.add_argument("--no-progress", action="store_true")
+    g.add_argument("--load-note", default=None, help="a note on machine load, saved with the result")
+
+
+def add_bench_args(p: argparse.ArgumentParser) -> None:
+    from tachyon.cli import add_engine_args
+
+    p.add_argument("--compare", nargs="+", default=None, metavar="RESULT.json",
+                   help="plot saved results against each other (no benchmark is run)")
+    p.add_argument("--plot-out", default=None, help="--compare: PNG path")
+    sub = p.add_subparsers(dest="bench_command")
+
+    def common(name, help, default_backend, engine=True):
+        sp = sub.add_parser(name, help=help)
+        _add_workload_args(sp)
+        _add_backend_args(sp, default_backend)
+        _add_report_args(sp)
+        if engine:
+            add_engine_args(sp)
+            # Repeated prompts (warm-up, --num-iters) must not hit the prefix cache unless the workload is
+            # about prefixes: None = on only for workloads with a shared prefix.
+            sp.set_defaults(enable_prefix_caching=None)
+        return sp
+
+    sp = common("latency", "one request at a time: decode tok/s and TTFT, median of --num-iters", "tachyon")
+    sp.add_argument("--num-iters", type=int, default=3)
+    sp = common("throughput", "every request at once (offline): output and total tok/s", "tachyon")
+    sp.add_argument("--num-iters", type=int, default=1)
+    sp = common("serve", "HTTP client against an OpenAI-compatible --base-url", "openai")
+    sp = common("sweep", "throughput (or serve with --base-url) over a list of concurrencies", "tachyon")
+    sp.add_argument("--concurrency", default=None, help="comma-separated (default: the workload's, or 1,4,16,64)")
+    sp.add_argument("--prompts-per-concurrency", type=int, default=1,
+                    help="requests per run = concurrency x this")
+    sp = common("ladder", "transformers fp16 eager -> +compile -> +SDPA/flash -> bf16 -> Tachyon (-> quantized)",
+                "all steps")
+    sp.add_argument("--steps", default=None, help="comma-separated step names (default: all)")
+    sp.add_argument("--step-timeout", type=float, default=1800.0)
+
+
+# -- the workload -----------------------------------------------------------------------------------------------
+def workload_spec(args, command: str) -> WorkloadSpec:
+    if args.workload:
+        spec = copy.deepcopy(NAMED[args.workload])
+    else:
+        spec = WorkloadSpec("custom", 1 if command == "latency" else 32, 128, 128, seed=0)
+    if args.input_len is not None:
+        spec.input_len = args.input_len
+        spec.chat = False
+    if args.output_len is not None:
+        spec.output_len = args.output_len
+    if args.num_prompts is not None:
+        spec.num_prompts = args.num_prompts
+    if args.workload_seed is not None:
+        spec.seed = args.workload_seed
+    if args.prefix_len is not None:
+        spec.prefix_len = args.prefix_len
+    if args.chat:
+        spec.chat = True
+    if args.dataset:
+        spec.jsonl = args.dataset
+        spec.name = os.path.splitext(os.path.basename(args.dataset))[0]
+    if spec.num_prompts < 1 and command not in ("sweep",):
+        raise ValueError(f"workload {spec.name!r} sets no request count here: pass --num-prompts")
+    return spec
+
+
+def build_requests(spec: WorkloadSpec, backend, num_prompts: int | None = None):
+    from tachyon.bench.workloads import CHAT_MESSAGE, build, tokenize_text_prompts
+
+    s = copy.copy(spec)
+    if num_prompts is not None:
+        s.num_prompts = num_prompts
+    chat_ids = backend.chat_ids(CHAT_MESSAGE) if s.chat else None
+    reqs = build(s, backend.vocab_size, chat_ids)
+    tokenize_text_prompts(reqs, backend.tokenizer)
+    return reqs
+
+
+# -- running ----------------------------------------------------------------------------------------------------
+def _progress(args, total: int, desc: str):
+    if args.no_progress:
+        return None
+    from tqdm import tqdm
+
+    return tqdm(total=total, desc=desc, file=sys.stderr, dynamic_ncols=True, leave=False)
+
+
+def _concurrencies(args, spec: WorkloadSpec, command: str) -> list[int | None]:
+    if command != "sweep":
+        return [args.max_concurrency if command == "serve" else None]
+    if args.concurrency:
+        try:
+            cs = [int(x) for x in args.concurrency.split(",") if x.strip()]
+        except ValueError:
+            raise ValueError(f"--concurrency {args.concurrency!r}: give integers like 1,4,16") from None
+    else:
+        cs = spec.concurrencies or [1, 4, 16, 64]
+    if not cs or min(cs) < 1:
+        raise ValueError("--concurrency values must be >= 1")
+    return cs
+
+
+def _warm_up(backend, reqs, n: int) -> None:
+    if n <= 0 or not reqs:
+        return
+    from tachyon.bench.workloads import BenchRequest
+
+    import random
+
+    from tachyon.bench.workloads import random_token_ids
+
+    rng = random.Random(-1)  # prompts of the same shape but not the workload's own (no cache hits)
+    warm = [BenchRequest(random_token_ids(rng, r.prompt_len, backend.vocab_size), min(r.output_len, 8))
+            for r in reqs[:n]]
+    backend.run(warm)
+
+
+def run_backend(name: str, args, spec: WorkloadSpec, command: str, pcts, slos) -> tuple[list[dict], bool]:
+    """Load one backend and run every (concurrency, iteration) of the command on it."""
+    from tachyon.bench.backends import make_backend
+    from tachyon.bench.metrics import summarize
+
+    runs: list[dict] = []
+    label = args.label or name
+    backend = make_backend(name, args)
+    interrupted = False
+    try:
+        backend.load()
+        iters = getattr(args, "num_iters", 1) or 1
+        for c in _concurrencies(args, spec, command):
+            n = None
+            if command == "sweep":
+                n = c * args.prompts_per_concurrency
+                if name == "hf" and not args.hf_batch_size:
+                    backend.batch_size = c
+                if name == "openai":
+                    backend.max_concurrency = c
+            reqs = build_requests(spec, backend, n)
+            _warm_up(backend, reqs, args.num_warmups)
+            pooled, duration, repeats = [], 0.0, []
+            for it in range(iters):
+                bar = _progress(args, len(reqs), f"{label}" + (f" @{c}" if c is not None else "")
+                                + (f" [{it + 1}/{iters}]" if iters > 1 else ""))
+                rr = backend.run(reqs, bar)
+                if bar is not None:
+                    bar.close()
+                pooled.extend(rr.results)
+                duration += rr.duration
+                one = summarize(rr.results, rr.duration, pcts, slos, rr.t0)
+                repeats.append({k: one.get(k) for k in ("duration", "completed", "output_throughput",
+                                                       "median_ttft_ms", "median_decode_tok_s") if k in one})
+                if rr.interrupted:
+                    interrupted = True
+                    break
+            run = {"backend": name, "label": label, "concurrency": c, "num_requests": len(reqs),
+                   "config": backend.config(), "memory": backend.memory(),
+                   "metrics": summarize(pooled, duration, pcts, slos)}
+            if iters > 1:
+                run["repeats"] = repeats
+            runs.append(run)
+            if interrupted:
+                break
+    except KeyboardInterrupt:
+        interrupted = True
+    except Exception as e:
+        from tachyon.bench.backends.openai import ServerUnreachable
+
+        if isinstance(e, (ServerUnreachable, ValueError, FileNotFoundError)):
+            msg = str(e)
+        else:
+            msg = f"{type(e).__name__}: {e}"
+        print(f"tachyon bench: backend {name} failed: {msg}", file=sys.stderr)
+        if os.environ.get("TACHYON_BENCH_TRACEBACK"):
+            import traceback
+
+            traceback.print_exc()
+        runs.append({"backend": name, "label": label, "error": msg})
+    finally:
+        backend.close()
+        del backend
+        gc.collect()
+    return runs, interrupted
+
+
+def _default_output(spec: WorkloadSpec, command: str) -> str:
+    from tachyon.bench.env import timestamp
+
+    return os.path.join(RESULTS_DIR, f"{spec.name}_{command}_{timestamp()}.json")
+
+
+def _finish(result: dict, args, plot_kind: str | None) -> int:
+    """Print, save JSON + Markdown (+ plot); the exit code says whether anything failed."""
+    from tachyon.bench import report
+    from tachyon.bench.env import loadavg
+
+    result["load"]["after"] = loadavg()
+    runs = result["runs"]
+    result["ratios"] = report.ratios(runs)
+    print(report.table(runs, result["percentiles"], f"tachyon bench {result['command']}"))
+    for line in report.ratio_lines(result["ratios"]):
+        print(line)
+    if not args.no_save:
+        path = args.output or _default_output_name(result)
+        stem = os.path.splitext(path)[0]
+        if plot_kind:
+            from tachyon.bench import plots
+
+            good = [r for r in runs if r.get("metrics")]
+            if good:
+                try:
+                    if plot_kind == "concurrency":
+                        series: dict[str, list] = {}
+                        for r in good:
+                            series.setdefault(r["label"], []).append(r)
+                        result["plot"] = plots.plot_concurrency(series, args.plot or stem + ".png",
+                                                                _plot_title(result))
+                except Exception as e:  # a plot must not lose the figures
+                    print(f"tachyon bench: could not draw the plot: {e}", file=sys.stderr)
+        report.write_json(result, path)
+        report.write_markdown(result, stem + ".md")
+        print(f"saved {path} and {stem}.md" + (f" and {result['plot']}" if result.get("plot") else ""),
+              file=sys.stderr)
+    failed_runs = [r for r in runs if r.get("error")]
+    failed_reqs = sum((r.get("metrics") or {}).get("failed", 0) for r in runs)
+    if result.get("interrupted"):
+        print("tachyon bench: interrupted; saved what finished", file=sys.stderr)
+        return 130
+    if failed_reqs:
+        first = next((e for r in runs for e in (r.get("metrics") or {}).get("errors", {})), "")
+        print(f"tachyon bench: {failed_reqs} request(s) failed; first error: {first}", file=sys.stderr)
+    if failed_runs or failed_reqs:
+        return 1
+    return 0
+
+
+def _default_output_name(result: dict) -> str:
+    return os.path.join(RESULTS_DIR, f"{result['workload']['name']}_{result['command']}_{result['stamp']}.json")
+
+
+def _plot_title(result: dict) -> str:
+    hw = result["env"]["hardware"]
+    where = hw.get("gpu") or f"{hw.get('cpu')} ({hw.get('cpu_cores')} cores)"
+    return f"tachyon bench {result['command']} - {result['workload']['name']} - {where}"
+
+
+def base_result(args, command: str, spec: WorkloadSpec | None) -> dict:
+    from tachyon.bench.env import command_line, environment, iso_now, loadavg, timestamp
+    from tachyon.bench.metrics import parse_percentiles
+
+    return {
+        "tachyon_bench": 1, "command": command, "argv": command_line(), "date": iso_now(), "stamp": timestamp(),
+        "workload": {"name": spec.name if spec else None, "spec": spec.describe() if spec else None},
+        "env": environment(), "load": {"before": loadavg(), "note": getattr(args, "load_note", None)},
+        "percentiles": parse_percentiles(args.percentiles), "runs": [], "interrupted": False,
+    }
+
+
+def cmd_offline(args, command: str) -> int:
+    from tachyon.bench.metrics import parse_goodput, parse_percentiles
+
+    pcts = parse_percentiles(args.percentiles)
+    if 50.0 not in pcts:
+        pcts = sorted(set(pcts) | {50.0}) if command == "serve" else pcts
+    slos = parse_goodput(args.goodput)
+    spec = workload_spec(args, command)
+    if spec.jsonl:  # a bad file fails before any model loads
+        from tachyon.bench.workloads import load_jsonl
+
+        load_jsonl(spec.jsonl, spec.output_len if isinstance(spec.output_len, int) else None)
+    if getattr(args, "enable_prefix_caching", False) is None:
+        args.enable_prefix_caching = spec.prefix_len > 0
+    backends = args.backend or (["openai"] if command == "serve" or args.base_url else ["tachyon"])
+    if command == "serve" and any(b != "openai" for b in backends):
+        raise ValueError("`bench serve` talks HTTP: use --backend openai (the default) with --base-url")
+    result = base_result(args, command, spec)
+    result["percentiles"] = pcts
+    for name in backends:
+        runs, interrupted = run_backend(name, args, spec, command, pcts, slos)
+        result["runs"].extend(runs)
+        if interrupted:
+            result["interrupted"] = True
+            break
+    return _finish(result, args, "concurrency" if command == "sweep" else None)
+
+
+def cmd_compare(args) -> int:
+    from tachyon.bench import plots, report
+
+    series: dict[str, list] = {}
+    flat = []
+    for path in args.compare:
+        res = report.load_json(path)
+        if "runs" not in res:
+            raise ValueError(f"{path} is not a `tachyon bench` result (no 'runs')")
+        stem = os.path.splitext(os.path.basename(path))[0]
+        for r in res["runs"]:
+            if not r.get("metrics"):
+                continue
+            label = f"{stem}:{r.get('label') or r['backend']}" if len(args.compare) > 1 else (r.get("label")
+                                                                                               or r["backend"])
+            series.setdefault(label, []).append(r)
+            flat.append({**r, "label": label + (f" @{r['concurrency']}" if r.get("concurrency") else "")})
+    if not flat:
+        raise ValueError("no finished runs in the given results")
+    print(report.table(flat, [99.0], "tachyon bench compare"))
+    out = args.plot_out or os.path.join(RESULTS_DIR, "compare.png")
+    os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
+    if any(r.get("concurrency") is not None for r in flat):
+        plots.plot_concurrency(series, out, "compare: " + ", ".join(os.path.basename(p) for p in args.compare))
+    else:
+        plots.plot_bars(flat, out, "compare")
+    print(f"saved {out}", file=sys.stderr)
+    return 0
+
+
+def run_bench(args) -> int:
+    if getattr(args, "compare", None):
+        return cmd_compare(args)
+    cmd = getattr(args, "bench_command", None)
+    if cmd is None:
+        print("tachyon bench: choose one of latency, throughput, serve, sweep, ladder (or --compare A.json ...)",
+              file=sys.stderr)
+        return 2
+    if cmd == "ladder":
+        from tachyon.bench.ladder import run_ladder
+
+        return run_ladder(args)
+    return cmd_offline(args, cmd)

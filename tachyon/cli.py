@@ -1,0 +1,214 @@
+"""`tachyon ...`: the command line. Each subcommand parses its flags here and delegates to its layer."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+
+def add_engine_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("engine")
+    g.add_argument("--model", default=None,
+                   help="HF checkpoint directory, .gguf file, or config.json with --load-format dummy "
+                        "(default: the embedded SmolLM2-135M-Instruct)")
+    g.add_argument("--tokenizer", default=None)
+    g.add_argument("--dtype", default="auto", help="auto | float32 | float16 | bfloat16")
+    g.add_argument("--device", default="auto", help="auto | cpu | cuda")
+    g.add_argument("--max-model-len", type=int, default=None)
+    g.add_argument("--max-num-seqs", type=int, default=256)
+    g.add_argument("--max-num-batched-tokens", type=int, default=None)
+    g.add_argument("--block-size", type=int, default=16)
+    g.add_argument("--kv-cache-memory-gib", type=float, default=1.0, help="CPU: size of the KV pool in GiB")
+    g.add_argument("--gpu-memory-utilization", type=float, default=0.9)
+    g.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True)
+    g.add_argument("--swap-space", type=float, default=4.0, help="GiB of CPU memory for preempted KV (0 = off)")
+    g.add_argument("--seed", type=int, default=0)
+    g.add_argument("--load-format", default="auto", choices=["auto", "dummy"])
+    g.add_argument("--attention-backend", default="auto", choices=["auto", "torch", "triton"])
+    g.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs")
+
+
+def engine_kwargs(args: argparse.Namespace) -> dict:
+    from tachyon.engine.args import EngineArgs
+
+    return {k: getattr(args, k) for k in EngineArgs.field_names() if hasattr(args, k)}
+
+
+def _sampling(args) -> "SamplingParams":  # noqa: F821
+    from tachyon.sampling_params import SamplingParams
+
+    return SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
+                          max_tokens=args.max_tokens, seed=args.seed_sampling, stop=args.stop or None)
+
+
+def _add_sampling_args(p: argparse.ArgumentParser, temperature: float) -> None:
+    p.add_argument("--max-tokens", type=int, default=256)
+    p.add_argument("--temperature", type=float, default=temperature)
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--top-k", type=int, default=-1)
+    p.add_argument("--stop", action="append", default=None, help="stop string (repeatable)")
+    p.add_argument("--seed-sampling", type=int, default=None, help="per-request sampling seed")
+
+
+def _stream(engine, rid: str, out=sys.stdout) -> "RequestOutput":  # noqa: F821
+    """Step the engine until request rid finishes, printing its text as it grows."""
+    shown = 0
+    final = None
+    while final is None:
+        for o in engine.step():
+            if o.request_id != rid:
+                continue
+            text = o.outputs[0].text
+            out.write(text[shown:])
+            out.flush()
+            shown = len(text)
+            if o.finished:
+                final = o
+    out.write("\n")
+    return final
+
+
+def cmd_generate(args) -> int:
+    from tachyon.llm import LLM
+
+    llm = LLM(**engine_kwargs(args))
+    sp = _sampling(args)
+    if args.chat:
+        ids = llm.encode_chat([{"role": "user", "content": args.prompt}])
+    else:
+        ids = llm.get_tokenizer().encode(args.prompt)
+    llm.engine.add_request("cli-0", args.prompt, ids, sp)
+    if not args.chat:
+        sys.stdout.write(args.prompt)
+    final = _stream(llm.engine, "cli-0")
+    m = final.metrics
+    n = len(final.outputs[0].token_ids)
+    if args.verbose:
+        dt = (m.finished_time - m.first_token_time) if n > 1 else 0.0
+        print(f"[{n} tokens, TTFT {m.ttft * 1000:.0f} ms, {((n - 1) / dt) if dt else 0:.1f} tok/s decode, "
+              f"finish: {final.outputs[0].finish_reason}]", file=sys.stderr)
+    return 0
+
+
+def cmd_chat(args) -> int:
+    from tachyon.llm import LLM
+
+    print("loading model ...", file=sys.stderr, flush=True)
+    llm = LLM(**engine_kwargs(args))
+    sp = _sampling(args)
+    messages = [{"role": "system", "content": args.system}] if args.system else []
+    interactive = sys.stdin.isatty()
+    print("Tachyon chat. Type a message; /reset clears the conversation, /exit or Ctrl-D quits.", file=sys.stderr)
+    turn = 0
+    while True:
+        try:
+            line = input("you> " if interactive else "")
+        except (EOFError, KeyboardInterrupt):
+            print(file=sys.stderr)
+            return 0
+        line = line.strip()
+        if not line:
+            continue
+        if line in ("/exit", "/quit"):
+            return 0
+        if line == "/reset":
+            messages = messages[:1] if args.system else []
+            continue
+        messages.append({"role": "user", "content": line})
+        ids = llm.encode_chat(messages)
+        rid = f"chat-{turn}"
+        turn += 1
+        sys.stdout.write("assistant> ")
+        try:
+            llm.engine.validate(ids, sp)
+        except ValueError as e:
+            print(f"\n[{e}; /reset to start over]")
+            messages.pop()
+            continue
+        llm.engine.add_request(rid, None, ids, sp)
+        final = _stream(llm.engine, rid)
+        messages.append({"role": "assistant", "content": final.outputs[0].text})
+
+
+def cmd_serve(args) -> int:
+    from tachyon.server.cli import run_server
+
+    return run_server(args)
+
+
+def cmd_bench(args) -> int:
+    from tachyon.bench.cli import run_bench
+
+    return run_bench(args)
+
+
+def cmd_plan(args) -> int:
+    from tachyon.plan import run_plan
+
+    return run_plan(args)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="tachyon", description="Tachyon LLM inference engine")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("generate", help="complete one prompt, streaming the text")
+    p.add_argument("prompt")
+    p.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
+    p.add_argument("-v", "--verbose", action="store_true", help="print timings")
+    add_engine_args(p)
+    _add_sampling_args(p, temperature=0.0)
+    p.set_defaults(func=cmd_generate)
+
+    p = sub.add_parser("chat", help="interactive chat on the terminal (streams tokens)")
+    p.add_argument("--system", default=None, help="system prompt")
+    add_engine_args(p)
+    _add_sampling_args(p, temperature=0.7)
+    p.set_defaults(func=cmd_chat)
+
+    try:
+        from tachyon.server.cli import add_serve_args
+    except ImportError:
+        add_serve_args = None
+    p = sub.add_parser("serve", help="OpenAI-compatible HTTP server")
+    add_engine_args(p)
+    if add_serve_args is not None:
+        add_serve_args(p)
+    p.set_defaults(func=cmd_serve)
+
+    try:
+        from tachyon.bench.cli import add_bench_args
+    except ImportError:
+        add_bench_args = None
+    p = sub.add_parser("bench", help="benchmarks: latency, throughput, serve, sweep, ladder")
+    if add_bench_args is not None:
+        add_bench_args(p)
+    p.set_defaults(func=cmd_bench)
+
+    try:
+        from tachyon.plan import add_plan_args
+    except ImportError:
+        add_plan_args = None
+    p = sub.add_parser("plan", help="capacity planner: weights, KV bytes per token, max concurrent sequences")
+    if add_plan_args is not None:
+        add_plan_args(p)
+    p.set_defaults(func=cmd_plan)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return args.func(args) or 0
+    except (ValueError, FileNotFoundError, TypeError) as e:
+        print(f"tachyon: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,136 @@
+"""The engine for a server: the step loop runs in a background thread; each request is an async stream.
+
+    asyncio handlers ──add_request──► LLMEngine (thread-safe inbox) ◄──step()── engine thread
+          ▲                                                                       │
+          └──────── per-request asyncio.Queue ◄── loop.call_soon_threadsafe ──────┘
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from collections.abc import AsyncIterator
+
+import torch
+
+from tachyon.engine.engine import LLMEngine
+from tachyon.outputs import RequestOutput
+from tachyon.sampling_params import SamplingParams
+
+logger = logging.getLogger("tachyon")
+
+
+class QueueFullError(RuntimeError):
+    """More requests are waiting than the server accepts (`--max-queued-requests`)."""
+
+
+class EngineDeadError(RuntimeError):
+    pass
+
+
+class AsyncEngine:
+    def __init__(self, engine: LLMEngine, max_queued_requests: int | None = None):
+        self.engine = engine
+        self.max_queued_requests = max_queued_requests
+        self._streams: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.error: BaseException | None = None
+        self.on_step = None  # callback(outputs, step_seconds) for metrics, run in the engine thread
+
+    # -- lifecycle --------------------------------------------------------------------------------------
+    def start(self) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._loop, name="tachyon-engine", daemon=True)
+            self._thread.start()
+
+    def shutdown(self, timeout: float = 30.0) -> None:
+        """Stop the loop; requests still running are aborted and their streams ended."""
+        for rid in list(self._streams):
+            self.engine.abort_request(rid)
+        self._wake.set()
+        deadline = time.monotonic() + timeout
+        while self._streams and time.monotonic() < deadline and self._thread and self._thread.is_alive():
+            time.sleep(0.01)
+        self._stop.set()
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(timeout=timeout)
+            self._thread = None
+
+    @property
+    def is_running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive() and self.error is None
+
+    def _loop(self) -> None:
+        with torch.inference_mode():
+            while not self._stop.is_set():
+                if not self.engine.has_unfinished_requests():
+                    self._wake.wait(timeout=0.5)
+                    self._wake.clear()
+                    continue
+                t0 = time.perf_counter()
+                try:
+                    outputs = self.engine.step()
+                except BaseException as e:  # the engine is broken: fail every stream, stop
+                    logger.exception("engine step failed")
+                    self.error = e
+                    for rid in list(self._streams):
+                        self._push(rid, e)
+                    return
+                if self.on_step is not None:
+                    self.on_step(outputs, time.perf_counter() - t0)
+                for out in outputs:
+                    self._push(out.request_id, out)
+
+    def _push(self, rid: str, item) -> None:
+        entry = self._streams.get(rid)
+        if entry is None:
+            return
+        loop, q = entry
+        if isinstance(item, RequestOutput) and item.finished or isinstance(item, BaseException):
+            self._streams.pop(rid, None)
+        try:
+            loop.call_soon_threadsafe(q.put_nowait, item)
+        except RuntimeError:  # the event loop is closed
+            pass
+
+    # -- requests ---------------------------------------------------------------------------------------
+    @property
+    def num_waiting(self) -> int:
+        return len(self.engine.scheduler.waiting) + len(self.engine._incoming)
+
+    async def generate(self, request_id: str, prompt: str | None, prompt_token_ids: list[int],
+                       params: SamplingParams) -> AsyncIterator[RequestOutput]:
+        """Stream cumulative outputs; if the consumer goes away (client disconnect) the request is aborted."""
+        if self.error is not None:
+            raise EngineDeadError(f"the engine stopped after an error: {self.error!r}")
+        if self.max_queued_requests is not None and self.num_waiting >= self.max_queued_requests:
+            raise QueueFullError(f"{self.num_waiting} requests are already waiting (limit "
+                                 f"{self.max_queued_requests}); retry later")
+        q: asyncio.Queue = asyncio.Queue()
+        self._streams[request_id] = (asyncio.get_running_loop(), q)
+        try:
+            self.engine.add_request(request_id, prompt, prompt_token_ids, params)
+        except BaseException:
+            self._streams.pop(request_id, None)
+            raise
+        self._wake.set()
+        finished = False
+        try:
+            while True:
+                item = await q.get()
+                if isinstance(item, BaseException):
+                    raise EngineDeadError(f"the engine stopped after an error: {item!r}")
+                yield item
+                if item.finished:
+                    finished = True
+                    return
+        finally:
+            if not finished:
+                self._streams.pop(request_id, None)
+                self.engine.abort_request(request_id)
+                self._wake.set()

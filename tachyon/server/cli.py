@@ -1,0 +1,81 @@
+"""`tachyon serve`: its flags, and running the app under uvicorn.
+
+Only the standard library at import time, so `tachyon --help` works without the server's dependencies.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+
+logger = logging.getLogger("tachyon")
+
+
+def add_serve_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("server")
+    g.add_argument("--host", default="127.0.0.1")
+    g.add_argument("--port", type=int, default=8000)
+    g.add_argument("--api-key", default=None,
+                   help="require 'Authorization: Bearer KEY' on /v1 routes (default: $TACHYON_API_KEY)")
+    g.add_argument("--served-model-name", default=None,
+                   help="the model name clients send (default: the model path's basename)")
+    g.add_argument("--max-queued-requests", type=int, default=None,
+                   help="answer 429 when this many requests are already waiting (default: no limit)")
+    g.add_argument("--shutdown-timeout", type=float, default=30.0,
+                   help="seconds running requests get to finish after SIGTERM before they are aborted")
+    g.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
+    g.add_argument("--uvicorn-log-level", default="warning",
+                   choices=["critical", "error", "warning", "info", "debug", "trace"])
+
+
+def served_model_name(model: str | None, override: str | None = None) -> str:
+    if override:
+        return override
+    if model is None:
+        from tachyon.models.embedded import EMBEDDED_NAME
+
+        return EMBEDDED_NAME
+    base = os.path.basename(os.path.normpath(model))
+    for ext in (".gguf", ".json"):
+        if base.endswith(ext):
+            base = base[: -len(ext)]
+    return base or model
+
+
+def build_app(args: argparse.Namespace):
+    """The engine (from the engine flags) and the app around it."""
+    from tachyon.cli import engine_kwargs
+    from tachyon.engine.args import EngineArgs
+    from tachyon.engine.async_engine import AsyncEngine
+    from tachyon.server.app import create_app
+
+    engine = EngineArgs(**engine_kwargs(args)).create_engine()
+    async_engine = AsyncEngine(engine, max_queued_requests=args.max_queued_requests)
+    name = served_model_name(args.model, args.served_model_name)
+    return create_app(async_engine, name, api_key=args.api_key, model_path=args.model)
+
+
+def run_server(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if args.max_queued_requests is not None and args.max_queued_requests < 1:
+        raise ValueError(f"--max-queued-requests={args.max_queued_requests}: it must be >= 1")
+    app = build_app(args)
+
+    class Server(uvicorn.Server):
+        def handle_exit(self, sig, frame) -> None:
+            app.state.serving.draining = True  # new requests on open connections get 503 from now on
+            super().handle_exit(sig, frame)
+
+    config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.uvicorn_log_level,
+                            timeout_graceful_shutdown=args.shutdown_timeout, access_log=False)
+    # uvicorn re-raises SIGTERM once its graceful shutdown is done; by then we are finished: exit 0.
+    signal.signal(signal.SIGTERM, lambda *_: None)
+    logger.info("serving %s on http://%s:%d (OpenAI API under /v1, metrics at /metrics)",
+                app.state.serving.model_name, args.host, args.port)
+    Server(config).run()
+    logger.info("server stopped")
+    return 0

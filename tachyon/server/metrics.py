@@ -1,0 +1,177 @@
+"""Prometheus metrics, named like vLLM's with a `tachyon:` prefix and a `model_name` label.
+
+Two sources:
+  * the engine's own state (queue lengths, KV use, prefix-cache and token counters), read at scrape time by
+    `EngineCollector`, so there is nothing to keep in sync;
+  * per-token and per-request timings, observed in the engine thread by `ServerMetrics.on_step` (the
+    AsyncEngine's step hook), so aborted and finished requests are counted whichever handler ran them.
+Each app has its own CollectorRegistry, so tests can run several servers in one process.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+
+from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+from tachyon.outputs import RequestOutput
+
+logger = logging.getLogger("tachyon")
+
+_TTFT_BUCKETS = [0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
+                 20.0, 40.0, 80.0, 160.0, 640.0]
+_TOKEN_LATENCY_BUCKETS = [0.001, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0,
+                          2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0]
+_REQUEST_LATENCY_BUCKETS = [0.01, 0.05, 0.1, 0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0,
+                            40.0, 50.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0]
+
+
+def token_count_buckets(max_model_len: int) -> list[int]:
+    """1, 2, 5, 10, 20, 50, ... up to the context length."""
+    buckets, scale = [], 1
+    while True:
+        for m in (1, 2, 5):
+            if m * scale > max_model_len:
+                return buckets
+            buckets.append(m * scale)
+        scale *= 10
+
+
+class EngineCollector:
+    """Gauges and counters read from the engine when Prometheus scrapes."""
+
+    def __init__(self, engine, model_name: str):
+        self.engine = engine
+        self.model_name = model_name
+
+    def _one(self, family, value: float):
+        family.add_metric([self.model_name], value)
+        return family
+
+    def collect(self):
+        e, sched, kv = self.engine, self.engine.scheduler, self.engine.kv
+        m = ["model_name"]
+        yield self._one(GaugeMetricFamily("tachyon:num_requests_running", "Sequences in the running batch.",
+                                          labels=m), len(sched.running))
+        yield self._one(GaugeMetricFamily("tachyon:num_requests_waiting", "Sequences waiting to be scheduled "
+                                          "(including preempted ones).", labels=m),
+                        len(sched.waiting) + len(e._incoming))
+        yield self._one(GaugeMetricFamily("tachyon:kv_cache_usage_perc", "Fraction of KV-cache blocks in use "
+                                          "(1 = full).", labels=m), kv.usage)
+        yield self._one(GaugeMetricFamily("tachyon:kv_cache_num_blocks", "KV-cache blocks in the pool.",
+                                          labels=m), kv.num_blocks)
+        yield self._one(CounterMetricFamily("tachyon:prefix_cache_queries", "Prompt tokens looked up in the "
+                                            "prefix cache.", labels=m), kv.prefix_queries)
+        yield self._one(CounterMetricFamily("tachyon:prefix_cache_hits", "Prompt tokens found in the prefix "
+                                            "cache.", labels=m), kv.prefix_hits)
+        yield self._one(CounterMetricFamily("tachyon:num_preemptions", "Sequences preempted for lack of KV "
+                                            "blocks.", labels=m), sched.num_preemptions)
+        by_mode = CounterMetricFamily("tachyon:num_preemptions_by_mode", "Preemptions by how the KV was "
+                                      "given back: swap (to CPU memory) or recompute.", labels=m + ["mode"])
+        by_mode.add_metric([self.model_name, "swap"], sched.num_swapped_out)
+        by_mode.add_metric([self.model_name, "recompute"], sched.num_recomputed)
+        yield by_mode
+        yield self._one(CounterMetricFamily("tachyon:prompt_tokens", "Prompt tokens admitted.", labels=m),
+                        e.stats["prompt_tokens"])
+        yield self._one(CounterMetricFamily("tachyon:generation_tokens", "Tokens generated.", labels=m),
+                        e.stats["generation_tokens"])
+
+
+@dataclass
+class _Seen:
+    """What on_step remembers about a request between steps."""
+
+    first_scheduled_time: float | None
+    last_token_time: float
+    num_tokens: int
+
+
+class ServerMetrics:
+    def __init__(self, engine, model_name: str):
+        self.engine = engine
+        self.model_name = model_name
+        self.registry = CollectorRegistry(auto_describe=True)
+        self.registry.register(EngineCollector(engine, model_name))
+        self._seen: dict[str, _Seen] = {}
+        token_buckets = token_count_buckets(engine.config.scheduler.max_model_len)
+
+        def hist(name: str, doc: str, buckets: list) -> Histogram:
+            return Histogram(name, doc, ["model_name"], buckets=buckets, registry=self.registry).labels(model_name)
+
+        self.ttft = hist("tachyon:time_to_first_token_seconds", "Time to first token.", _TTFT_BUCKETS)
+        self.itl = hist("tachyon:inter_token_latency_seconds", "Time between two tokens of a sequence.",
+                        _TOKEN_LATENCY_BUCKETS)
+        self.tpot = hist("tachyon:request_time_per_output_token_seconds", "Decode time per output token of "
+                         "each request (after the first token).", _TOKEN_LATENCY_BUCKETS)
+        self.e2e = hist("tachyon:e2e_request_latency_seconds", "Arrival to finish.", _REQUEST_LATENCY_BUCKETS)
+        self.queue = hist("tachyon:request_queue_time_seconds", "Arrival to first scheduled.",
+                          _REQUEST_LATENCY_BUCKETS)
+        self.prefill = hist("tachyon:request_prefill_time_seconds", "First scheduled to first token.",
+                            _REQUEST_LATENCY_BUCKETS)
+        self.decode = hist("tachyon:request_decode_time_seconds", "First token to finish.",
+                           _REQUEST_LATENCY_BUCKETS)
+        self.prompt_len = hist("tachyon:request_prompt_tokens", "Prompt length of each request.", token_buckets)
+        self.gen_len = hist("tachyon:request_generation_tokens", "Tokens generated for each request (all n "
+                            "choices).", token_buckets)
+        self.success = Counter("tachyon:request_success", "Finished sequences by finish reason (stop, length, "
+                               "abort).", ["model_name", "finished_reason"], registry=self.registry)
+        self.http = Counter("tachyon:http_requests", "HTTP requests by route and status.",
+                            ["model_name", "route", "status"], registry=self.registry)
+
+    # -- the engine thread -------------------------------------------------------------------------------
+    def on_step(self, outputs: list[RequestOutput], step_seconds: float) -> None:
+        try:
+            self._on_step(outputs, step_seconds)
+        except Exception:  # metrics must never stop the engine loop
+            logger.exception("metrics: on_step failed")
+
+    def _on_step(self, outputs: list[RequestOutput], step_seconds: float) -> None:
+        now = time.monotonic()
+        for out in outputs:
+            n = sum(len(c.token_ids) for c in out.outputs)
+            seen = self._seen.get(out.request_id)
+            if seen is None:
+                seen = _Seen(self._first_scheduled(out, now - step_seconds, n), now, n)
+                self._seen[out.request_id] = seen
+            elif n > seen.num_tokens:
+                gap = now - seen.last_token_time
+                for _ in range(n - seen.num_tokens):
+                    self.itl.observe(gap)
+                seen.last_token_time, seen.num_tokens = now, n
+            if out.finished:
+                del self._seen[out.request_id]
+                self._observe_finished(out, seen.first_scheduled_time, now)
+
+    def _first_scheduled(self, out: RequestOutput, step_start: float, num_tokens: int) -> float | None:
+        if out.metrics.first_scheduled_time is not None:
+            return out.metrics.first_scheduled_time
+        group = self.engine.groups.get(out.request_id)  # the per-sequence metrics hold it
+        if group is not None:
+            times = [s.metrics.first_scheduled_time for s in group.seqs if s.metrics.first_scheduled_time]
+            if times:
+                return min(times)
+        return step_start if num_tokens else None  # finished in its first step: scheduled when it began
+
+    def _observe_finished(self, out: RequestOutput, first_scheduled: float | None, now: float) -> None:
+        m = out.metrics
+        finished = m.finished_time if m.finished_time is not None else now  # aborts carry no finish time
+        for c in out.outputs:
+            self.success.labels(self.model_name, c.finish_reason or "abort").inc()
+        self.prompt_len.observe(len(out.prompt_token_ids))
+        self.gen_len.observe(sum(len(c.token_ids) for c in out.outputs))
+        self.e2e.observe(finished - m.arrival_time)
+        if first_scheduled is not None:
+            self.queue.observe(max(0.0, first_scheduled - m.arrival_time))
+        if m.first_token_time is None:
+            return
+        self.ttft.observe(m.first_token_time - m.arrival_time)
+        if first_scheduled is not None:
+            self.prefill.observe(max(0.0, m.first_token_time - first_scheduled))
+        decode = finished - m.first_token_time
+        self.decode.observe(decode)
+        longest = max(len(c.token_ids) for c in out.outputs)
+        if longest > 1:
+            self.tpot.observe(decode / (longest - 1))

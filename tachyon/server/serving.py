@@ -1,0 +1,437 @@
+"""OpenAI's completions and chat completions over the AsyncEngine.
+
+    request ─► check model, build SamplingParams, tokenize (chat template) ─► admit (queue limit, validate)
+            ─► one engine request per prompt (n choices each) ─► merged stream of cumulative outputs
+            ─► SSE chunks of text deltas, or one JSON body when the last output is in
+
+Everything the client can get wrong is found before the first engine request starts, so it is a 400/404/429
+with an OpenAI-style body and nothing enters the engine.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import math
+import time
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+import anyio
+from starlette.requests import Request as HTTPRequest
+from starlette.responses import JSONResponse, Response, StreamingResponse
+
+from tachyon.engine.async_engine import AsyncEngine, EngineDeadError, QueueFullError
+from tachyon.outputs import CompletionOutput, RequestOutput
+from tachyon.sampling_params import SamplingParams
+from tachyon.server.errors import APIError, error_body, from_value_error
+from tachyon.server.protocol import ChatCompletionRequest, CompletionRequest
+
+Prompt = tuple[str | None, list[int]]  # (text if the client sent text, token ids)
+
+
+def _dumps(obj) -> str:
+    return json.dumps(obj, ensure_ascii=False, separators=(",", ":"))
+
+
+def _sse(obj) -> str:
+    return f"data: {_dumps(obj)}\n\n"
+
+
+class SSEResponse(StreamingResponse):
+    """A StreamingResponse that always closes its body: a client that went away aborts its requests now."""
+
+    async def stream_response(self, send) -> None:
+        try:
+            await super().stream_response(send)
+        finally:
+            with anyio.CancelScope(shield=True):
+                await self.body_iterator.aclose()
+
+
+async def _wait_for_disconnect(request: HTTPRequest) -> None:
+    """Returns when the client goes away (the body has been read, so receive() only reports disconnects)."""
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            return
+
+
+@dataclass
+class _Choice:
+    """Streaming state of one choice: what has been sent so far."""
+
+    num_chars: int = 0
+    num_tokens: int = 0
+    text_offset: int = 0
+    finished: bool = False
+    started: bool = False
+
+
+@dataclass
+class _Job:
+    """One API request, turned into engine requests."""
+
+    kind: str  # "completion" | "chat"
+    request_id: str
+    created: int
+    prompts: list[Prompt]
+    params: SamplingParams
+    stream: bool
+    include_usage: bool
+    logprobs: int | None  # top-N per token (chat: top_logprobs), None = no logprobs
+    echo: bool = False
+    choices: list[_Choice] = field(default_factory=list)
+
+
+class OpenAIServing:
+    def __init__(self, async_engine: AsyncEngine, model_name: str):
+        self.async_engine = async_engine
+        self.engine = async_engine.engine
+        self.tokenizer = self.engine.tokenizer
+        self.model_name = model_name
+        self.draining = False  # set on shutdown: no new requests
+        self._token_text: dict[int, str] = {}
+
+    # -- admission -------------------------------------------------------------------------------------
+    def check_model(self, name: str | None) -> None:
+        if name is not None and name != self.model_name:
+            raise APIError(404, f"the model {name!r} does not exist; this server serves {self.model_name!r}",
+                           "model")
+
+    def check_alive(self) -> None:
+        if self.async_engine.error is not None:
+            raise APIError(503, f"the engine stopped after an error: {self.async_engine.error!r}")
+        if self.draining:
+            raise APIError(503, "the server is shutting down")
+
+    def _sampling_params(self, req, max_tokens: int | None, logprobs: int | None) -> SamplingParams:
+        if req.best_of is not None and req.best_of != req.n:
+            raise APIError(400, "best_of other than n is not supported", "best_of")
+        if req.logit_bias:
+            raise APIError(400, "logit_bias is not supported", "logit_bias")
+        try:
+            return SamplingParams(
+                n=req.n, temperature=req.temperature, top_p=req.top_p, top_k=req.top_k, min_p=req.min_p,
+                repetition_penalty=req.repetition_penalty, presence_penalty=req.presence_penalty,
+                frequency_penalty=req.frequency_penalty, seed=req.seed, stop=req.stop,
+                stop_token_ids=req.stop_token_ids, ignore_eos=req.ignore_eos, max_tokens=max_tokens,
+                min_tokens=req.min_tokens, logprobs=logprobs, skip_special_tokens=req.skip_special_tokens,
+                include_stop_str_in_output=req.include_stop_str_in_output)
+        except ValueError as e:
+            raise from_value_error(e) from None
+
+    def _encode(self, text: str) -> list[int]:
+        if self.tokenizer is None:
+            raise APIError(400, "this model has no tokenizer: send the prompt as a list of token ids", "prompt")
+        return self.tokenizer.encode(text, add_special_tokens=True)
+
+    def _admit(self, prompts: list[Prompt], params: SamplingParams) -> None:
+        """Queue limit (429) and context/KV checks (400) for every prompt, before any of them starts."""
+        self.check_alive()
+        limit = self.async_engine.max_queued_requests
+        if limit is not None:
+            waiting = self.async_engine.num_waiting
+            if waiting + len(prompts) > limit:  # AsyncEngine checks each request; a list is all or nothing
+                raise APIError(429, f"{waiting} requests are already waiting (limit {limit}, "
+                                    f"--max-queued-requests); retry later")
+        for _, ids in prompts:
+            try:
+                self.engine.validate(ids, params)
+            except ValueError as e:
+                raise from_value_error(e) from None
+
+    # -- endpoints -------------------------------------------------------------------------------------
+    async def completions(self, req: CompletionRequest, http: HTTPRequest) -> Response:
+        self.check_model(req.model)
+        if req.suffix:
+            raise APIError(400, "suffix is not supported", "suffix")
+        if req.echo and req.logprobs is not None:
+            raise APIError(400, "echo with logprobs is not supported (no prompt logprobs)", "echo")
+        params = self._sampling_params(req, req.max_tokens, req.logprobs)
+        p = req.prompt
+        if isinstance(p, str):
+            prompts = [(p, self._encode(p))]
+        elif p and all(isinstance(x, str) for x in p):
+            prompts = [(s, self._encode(s)) for s in p]
+        elif p and all(isinstance(x, list) for x in p):
+            prompts = [(None, list(ids)) for ids in p]
+        else:
+            prompts = [(None, list(p))]
+        if not prompts or any(not ids for _, ids in prompts):
+            raise APIError(400, "the prompt is empty: give at least one token of text", "prompt")
+        job = _Job("completion", f"cmpl-{uuid.uuid4().hex}", int(time.time()), prompts, params, req.stream,
+                   bool(req.stream_options and req.stream_options.include_usage), req.logprobs, req.echo)
+        return await self._run(job, http)
+
+    async def chat(self, req: ChatCompletionRequest, http: HTTPRequest) -> Response:
+        self.check_model(req.model)
+        if req.top_logprobs is not None:
+            if not req.logprobs:
+                raise APIError(400, "top_logprobs needs logprobs: true", "top_logprobs")
+            if not 0 <= req.top_logprobs <= 20:
+                raise APIError(400, f"top_logprobs={req.top_logprobs} is out of range: it must be in [0, 20]",
+                               "top_logprobs")
+        logprobs = (req.top_logprobs or 0) if req.logprobs else None
+        max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
+        params = self._sampling_params(req, max_tokens, logprobs)
+        ids = self._apply_chat_template(req)
+        job = _Job("chat", f"chatcmpl-{uuid.uuid4().hex}", int(time.time()), [(None, ids)], params, req.stream,
+                   bool(req.stream_options and req.stream_options.include_usage), logprobs)
+        return await self._run(job, http)
+
+    def _apply_chat_template(self, req: ChatCompletionRequest) -> list[int]:
+        tok = self.tokenizer
+        if tok is None or not getattr(tok, "chat_template", None):
+            raise APIError(400, "this model has no chat template: use /v1/completions", "messages")
+        messages = []
+        for m in req.messages:
+            content = m.content if isinstance(m.content, str) or m.content is None else "".join(
+                part.text for part in m.content)
+            msg = {"role": m.role, "content": content or ""}
+            if m.name is not None:
+                msg["name"] = m.name
+            messages.append(msg)
+        try:
+            ids = tok.apply_chat_template(messages, add_generation_prompt=req.add_generation_prompt, tokenize=True)
+        except Exception as e:  # jinja raises on conversations the template rejects
+            raise APIError(400, f"the chat template rejected the messages: {e}", "messages") from None
+        if hasattr(ids, "keys"):  # transformers 5 returns a BatchEncoding
+            ids = ids["input_ids"]
+        return list(ids)
+
+    # -- running ---------------------------------------------------------------------------------------
+    async def _run(self, job: _Job, http: HTTPRequest) -> Response:
+        self._admit(job.prompts, job.params)
+        job.choices = [_Choice() for _ in range(len(job.prompts) * job.params.n)]
+        streams = await self._start(job)
+        merged = streams[0] if len(streams) == 1 else _merge(streams)
+        if job.stream:
+            return SSEResponse(self._sse(job, merged), media_type="text/event-stream",
+                               headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        return await self._full(job, merged, http)
+
+    async def _start(self, job: _Job) -> list[AsyncIterator[tuple[int, RequestOutput]]]:
+        """Add every engine request of the job now, so a full queue is a 429 before the response starts.
+
+        AsyncEngine.generate checks the queue and adds the request in its first step, then waits for output;
+        a task per request runs that first step while we yield to the loop once.
+        """
+        rids = [job.request_id] if len(job.prompts) == 1 else [f"{job.request_id}-{i}" for i in range(len(job.prompts))]
+        started = []
+        for rid, (text, ids) in zip(rids, job.prompts):
+            gen = self.async_engine.generate(rid, text, ids, job.params)
+            started.append((gen, asyncio.ensure_future(gen.__anext__())))
+        await asyncio.sleep(0)  # each task's first step runs before we resume: the requests are in
+        failed = next((first for _, first in started if first.done() and first.exception() is not None), None)
+        if failed is not None:
+            for _, first in started:
+                first.cancel()  # lands in the engine stream, which aborts its request
+            e = failed.exception()
+            if isinstance(e, QueueFullError):
+                raise APIError(429, str(e))
+            if isinstance(e, EngineDeadError):
+                raise APIError(503, str(e))
+            if isinstance(e, ValueError):
+                raise from_value_error(e)
+            raise e
+        return [_outputs(i, gen, first) for i, (gen, first) in enumerate(started)]
+
+    async def _full(self, job: _Job, stream, http: HTTPRequest) -> Response:
+        final: list[RequestOutput | None] = [None] * len(job.prompts)
+
+        async def collect():
+            async for i, out in stream:
+                final[i] = out
+
+        task = asyncio.ensure_future(collect())
+        watcher = asyncio.ensure_future(_wait_for_disconnect(http))
+        try:
+            await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            if not task.done():  # the client left (or we are cancelled): abort its requests
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+            watcher.cancel()
+        if task.cancelled():
+            return Response(status_code=499)  # nobody is listening
+        try:
+            task.result()
+        except QueueFullError as e:
+            raise APIError(429, str(e)) from None
+        except EngineDeadError as e:
+            raise APIError(503, str(e)) from None
+        except ValueError as e:
+            raise from_value_error(e) from None
+        return JSONResponse(self._response_body(job, final))
+
+    # -- response bodies ---------------------------------------------------------------------------------
+    def _usage(self, job: _Job, final: list[RequestOutput | None]) -> dict:
+        prompt = sum(len(ids) for _, ids in job.prompts)
+        completion = sum(len(c.token_ids) for out in final if out is not None for c in out.outputs)
+        return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+
+    def _response_body(self, job: _Job, final: list[RequestOutput]) -> dict:
+        choices = []
+        n = job.params.n
+        for p, out in enumerate(final):
+            for c in out.outputs:
+                index = p * n + c.index
+                if job.kind == "chat":
+                    choices.append({"index": index, "message": {"role": "assistant", "content": c.text},
+                                    "logprobs": self._logprobs(job, c, 0, job.choices[index]),
+                                    "finish_reason": c.finish_reason, "stop_reason": c.stop_reason})
+                else:
+                    text = (self._prompt_text(job, p) + c.text) if job.echo else c.text
+                    choices.append({"index": index, "text": text,
+                                    "logprobs": self._logprobs(job, c, 0, job.choices[index]),
+                                    "finish_reason": c.finish_reason, "stop_reason": c.stop_reason})
+        choices.sort(key=lambda ch: ch["index"])
+        return {"id": job.request_id, "object": "chat.completion" if job.kind == "chat" else "text_completion",
+                "created": job.created, "model": self.model_name, "choices": choices,
+                "usage": self._usage(job, final), "system_fingerprint": None}
+
+    async def _sse(self, job: _Job, stream) -> AsyncIterator[str]:
+        obj = "chat.completion.chunk" if job.kind == "chat" else "text_completion"
+        head = {"id": job.request_id, "object": obj, "created": job.created, "model": self.model_name}
+        if job.include_usage:
+            head["usage"] = None
+        n = job.params.n
+        final: list[RequestOutput | None] = [None] * len(job.prompts)
+        try:
+            async for p, out in stream:
+                final[p] = out
+                choices = [ch for c in out.outputs if (ch := self._delta(job, p * n + c.index, p, c)) is not None]
+                if choices:
+                    yield _sse({**head, "choices": choices})
+            if job.include_usage:
+                yield _sse({**head, "choices": [], "usage": self._usage(job, final)})
+        except QueueFullError as e:
+            yield _sse(error_body(429, str(e)))
+        except EngineDeadError as e:
+            yield _sse(error_body(503, str(e)))
+        except ValueError as e:
+            yield _sse(from_value_error(e).body())
+        finally:
+            await stream.aclose()  # a client that went away: abort its requests now, not at GC time
+        yield "data: [DONE]\n\n"
+
+    def _delta(self, job: _Job, index: int, p: int, c: CompletionOutput) -> dict | None:
+        """The chunk for one choice: text since the last chunk; None if there is nothing to send."""
+        st = job.choices[index]
+        if st.finished:
+            return None
+        text = c.text[st.num_chars:]
+        if not text and c.finish_reason is None:
+            return None  # tokens whose text is held back (partial UTF-8 or a possible stop string)
+        logprobs = self._logprobs(job, c, st.num_tokens, st)
+        st.num_chars, st.num_tokens = max(st.num_chars, len(c.text)), len(c.token_ids)
+        st.finished = c.finish_reason is not None
+        if job.kind == "chat":
+            delta = {"content": text}
+            if not st.started:
+                delta["role"] = "assistant"
+        else:
+            if job.echo and not st.started:
+                text = self._prompt_text(job, p) + text
+            delta = None
+        st.started = True
+        choice = {"index": index}
+        if delta is not None:
+            choice["delta"] = delta
+        else:
+            choice["text"] = text
+        choice["logprobs"] = logprobs
+        choice["finish_reason"] = c.finish_reason
+        choice["stop_reason"] = c.stop_reason
+        return choice
+
+    # -- logprobs ----------------------------------------------------------------------------------------
+    def _token_str(self, token_id: int) -> str:
+        s = self._token_text.get(token_id)
+        if s is None:
+            s = (self.tokenizer.decode([token_id]) if self.tokenizer is not None else f"token_id:{token_id}")
+            if len(self._token_text) < 200_000:
+                self._token_text[token_id] = s
+        return s
+
+    def _logprobs(self, job: _Job, c: CompletionOutput, start: int, st: _Choice) -> dict | None:
+        """Logprobs of tokens [start:] of a choice, in the endpoint's format."""
+        if job.logprobs is None or c.logprobs is None:
+            return None
+        tokens, token_logprobs, top, offsets, content = [], [], [], [], []
+        for tid, lp in zip(c.token_ids[start:], c.logprobs[start:]):
+            s = self._token_str(tid)
+            value = _finite(lp.get(tid, -math.inf))
+            ranked = sorted(lp.items(), key=lambda kv: -kv[1])
+            if job.kind == "chat":
+                content.append({"token": s, "logprob": value, "bytes": list(s.encode("utf-8")),
+                                "top_logprobs": [{"token": (t := self._token_str(i)), "logprob": _finite(v),
+                                                  "bytes": list(t.encode("utf-8"))}
+                                                 for i, v in ranked[:job.logprobs]]})
+            else:
+                tokens.append(s)
+                token_logprobs.append(value)
+                top.append({self._token_str(i): _finite(v) for i, v in ranked})
+                offsets.append(st.text_offset)
+                st.text_offset += len(s)
+        if job.kind == "chat":
+            return {"content": content}
+        return {"tokens": tokens, "token_logprobs": token_logprobs, "top_logprobs": top, "text_offset": offsets}
+
+    def _prompt_text(self, job: _Job, p: int) -> str:
+        text, ids = job.prompts[p]
+        if text is not None:
+            return text
+        return self.tokenizer.decode(ids) if self.tokenizer is not None else ""
+
+
+async def _outputs(i: int, gen, first: asyncio.Future) -> AsyncIterator[tuple[int, RequestOutput]]:
+    """(i, output) from one engine stream whose first __anext__ already runs as the task `first`."""
+    try:
+        out = await first
+        yield i, out
+        if out.finished:
+            return
+        async for out in gen:
+            yield i, out
+    finally:
+        if not first.done():
+            first.cancel()  # the engine stream aborts its request when the cancellation lands
+        else:
+            await gen.aclose()  # a client that went away: abort now, not at garbage collection
+
+
+async def _merge(streams: list) -> AsyncIterator[tuple[int, RequestOutput]]:
+    """Interleave several engine streams (a list of prompts); closing the merge aborts them all."""
+    queue: asyncio.Queue = asyncio.Queue()
+
+    async def pump(stream) -> None:
+        try:
+            async for item in stream:
+                queue.put_nowait(item)
+            queue.put_nowait(None)
+        except Exception as e:
+            queue.put_nowait(e)
+
+    tasks = [asyncio.ensure_future(pump(s)) for s in streams]
+    try:
+        remaining = len(tasks)
+        while remaining:
+            item = await queue.get()
+            if item is None:
+                remaining -= 1
+            elif isinstance(item, Exception):
+                raise item
+            else:
+                yield item
+    finally:
+        for t in tasks:
+            t.cancel()
+
+
+def _finite(x: float) -> float:
+    return x if math.isfinite(x) else -9999.0
