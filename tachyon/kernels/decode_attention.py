@@ -40,7 +40,7 @@ def _decode_split_kernel(
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
     seq_len = tl.load(seq_lens_ptr + b)
-    chunk = tl.cdiv(tl.cdiv(seq_len, NUM_SPLITS), BLOCK_N) * BLOCK_N
+    chunk = tl.maximum(tl.cdiv(tl.cdiv(seq_len, NUM_SPLITS), BLOCK_N), 1) * BLOCK_N
     start = split * chunk
     if start >= seq_len:
         return
@@ -55,7 +55,7 @@ def _decode_split_kernel(
                 mask=g_mask[:, None] & d_mask[None, :], other=0.0)
 
     m = tl.full([BLOCK_G], float("-inf"), tl.float32)
-    l = tl.zeros([BLOCK_G], tl.float32)
+    l_sum = tl.zeros([BLOCK_G], tl.float32)
     acc = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
     bt_row = bt_ptr + b * stride_bt
     for n0 in range(start, end, BLOCK_N):
@@ -70,15 +70,15 @@ def _decode_split_kernel(
         m_new = tl.maximum(m, tl.max(s, axis=1))
         alpha = tl.exp2(m - m_new)
         p = tl.exp2(s - m_new[:, None])
-        l = l * alpha + tl.sum(p, axis=1)
+        l_sum = l_sum * alpha + tl.sum(p, axis=1)
         v = tl.load(vc_ptr + off[:, None] + d[None, :], mask=kv_mask, other=0.0)
         acc = acc * alpha[:, None] + tl.dot(p.to(q.dtype), v.to(q.dtype), input_precision=PRECISION)
         m = m_new
 
     # every chunk holds at least one token, so l > 0 for every row
     o_ptrs = mid_o_ptr + b * stride_mo_b + head[:, None] * stride_mo_h + split * stride_mo_s + d[None, :]
-    tl.store(o_ptrs, acc / l[:, None], mask=g_mask[:, None] & d_mask[None, :])
-    tl.store(mid_lse_ptr + b * stride_ml_b + head * stride_ml_h + split, m + tl.log2(l), mask=g_mask)
+    tl.store(o_ptrs, acc / l_sum[:, None], mask=g_mask[:, None] & d_mask[None, :])
+    tl.store(mid_lse_ptr + b * stride_ml_b + head * stride_ml_h + split, m + tl.log2(l_sum), mask=g_mask)
 
 
 @triton.jit
@@ -93,19 +93,18 @@ def _decode_reduce_kernel(
     b = tl.program_id(0).to(tl.int64)
     head = tl.program_id(1)
     seq_len = tl.load(seq_lens_ptr + b)
-    chunk = tl.cdiv(tl.cdiv(seq_len, NUM_SPLITS), BLOCK_N) * BLOCK_N
-    num_valid = tl.cdiv(seq_len, chunk)  # splits that stage 1 wrote
+    chunk = tl.maximum(tl.cdiv(tl.cdiv(seq_len, NUM_SPLITS), BLOCK_N), 1) * BLOCK_N
+    num_valid = tl.cdiv(seq_len, chunk)  # splits that stage 1 wrote; 0 for a padding entry (seq_len 0)
 
     s = tl.arange(0, BLOCK_S)
     d = tl.arange(0, BLOCK_D)
     s_mask = s < num_valid
     d_mask = d < HEAD_DIM
     lse = tl.load(mid_lse_ptr + b * stride_ml_b + head * stride_ml_h + s, mask=s_mask, other=float("-inf"))
-    w = tl.exp2(lse - tl.max(lse, axis=0))
-    w = w / tl.sum(w, axis=0)
+    w = tl.exp2(lse - tl.where(num_valid > 0, tl.max(lse, axis=0), 0.0))  # no valid split: all weights 0
     o = tl.load(mid_o_ptr + b * stride_mo_b + head * stride_mo_h + s[:, None] * stride_mo_s + d[None, :],
                 mask=s_mask[:, None] & d_mask[None, :], other=0.0)
-    out = tl.sum(o * w[:, None], axis=0)
+    out = tl.sum(o * w[:, None], axis=0) / tl.maximum(tl.sum(w, axis=0), 1e-30)
     tl.store(out_ptr + b * stride_ot + head * stride_oh + d, out.to(out_ptr.dtype.element_ty), mask=d_mask)
 
 
@@ -144,7 +143,8 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     """Attention of one query token per sequence over its paged context.
 
     q: [B, Hq, D] (token b belongs to sequence b); caches: [num_blocks, block_size, Hkv, D];
-    block_tables: [B, max_blocks]; seq_lens: [B] context lengths (>= 1) including the new token.
+    block_tables: [B, max_blocks]; seq_lens: [B] context lengths including the new token (0 marks a padding
+    entry, e.g. of a CUDA-graph batch: its output is 0).
     max_seq_len: a host-side upper bound on seq_lens (under CUDA graphs, the capture-time bound); it only
     chooses the number of splits. Writes into `out` ([B, Hq, D], may be a view) when given.
     """

@@ -23,7 +23,7 @@ _LOG2E = 1.4426950408889634
 
 @triton.jit
 def _attend_tile(
-    q, acc, m, l, kc_ptr, vc_ptr, bt_row, kv_head, n0, pos, kv_end,
+    q, acc, m, l_sum, kc_ptr, vc_ptr, bt_row, kv_head, n0, pos, kv_end,
     stride_cb, stride_cs, stride_ch, qk_scale,
     PAGE: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     MASKED: tl.constexpr, PRECISION: tl.constexpr,
@@ -46,10 +46,10 @@ def _attend_tile(
     m_new = tl.maximum(m, tl.max(s, axis=1))
     alpha = tl.exp2(m - m_new)
     p = tl.exp2(s - m_new[:, None])
-    l = l * alpha + tl.sum(p, axis=1)
+    l_sum = l_sum * alpha + tl.sum(p, axis=1)
     v = tl.load(vc_ptr + off[:, None] + d[None, :], mask=kv_mask, other=0.0)
     acc = acc * alpha[:, None] + tl.dot(p.to(q.dtype), v.to(q.dtype), input_precision=PRECISION)
-    return acc, m_new, l
+    return acc, m_new, l_sum
 
 
 @triton.jit
@@ -87,21 +87,21 @@ def _prefill_kernel(
     pos = ctx + tok
 
     m = tl.full([BLOCK_M], float("-inf"), tl.float32)
-    l = tl.zeros([BLOCK_M], tl.float32)
+    l_sum = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
     bt_row = bt_ptr + seq.to(tl.int64) * stride_bt
     kv_end = tl.minimum(ctx + t0 + TPB, seq_len)
     full_end = (ctx + t0) // BLOCK_N * BLOCK_N  # every row sees every key below this
     for n0 in range(0, full_end, BLOCK_N):
-        acc, m, l = _attend_tile(q, acc, m, l, kc_ptr, vc_ptr, bt_row, kv_head, n0, pos, kv_end,
+        acc, m, l_sum = _attend_tile(q, acc, m, l_sum, kc_ptr, vc_ptr, bt_row, kv_head, n0, pos, kv_end,
                                  stride_cb, stride_cs, stride_ch, qk_scale,
                                  PAGE, HEAD_DIM, BLOCK_N, BLOCK_D, False, PRECISION)
     # the first masked tile holds key full_end <= every row's position, so no row is left all -inf
     for n0 in range(full_end, kv_end, BLOCK_N):
-        acc, m, l = _attend_tile(q, acc, m, l, kc_ptr, vc_ptr, bt_row, kv_head, n0, pos, kv_end,
+        acc, m, l_sum = _attend_tile(q, acc, m, l_sum, kc_ptr, vc_ptr, bt_row, kv_head, n0, pos, kv_end,
                                  stride_cb, stride_cs, stride_ch, qk_scale,
                                  PAGE, HEAD_DIM, BLOCK_N, BLOCK_D, True, PRECISION)
-    out = acc / l[:, None]
+    out = acc / l_sum[:, None]
     tl.store(out_ptr + tok64[:, None] * stride_ot + head[:, None] * stride_oh + d[None, :],
              out.to(out_ptr.dtype.element_ty), mask=io_mask)
 

@@ -5,7 +5,6 @@ import torch
 
 from tachyon.kernels.attention_backend import TritonAttentionBackend
 from tachyon.kernels.decode_attention import decode_attention
-from tachyon.kernels.kv_write import write_kv
 from tachyon.kernels.paged_attention import prefill_attention
 from tachyon.layers.attention import get_attention_backend, paged_attention_ref, write_kv_ref
 
@@ -44,6 +43,18 @@ def test_decode_attention_splits(make_batch, rel_err, num_splits):
     decode_attention(q, k_cache, v_cache, meta.block_tables, meta.seq_lens, 0.125, meta.max_seq_len, out=out,
                      num_splits=num_splits)
     assert rel_err(out, _reference(q, k_cache, v_cache, meta, 0.125)) <= TOL[torch.float32]
+
+
+def test_decode_attention_padding_entries(make_batch, rel_err):
+    # a CUDA-graph batch padded with seq_len 0 entries: those rows come out 0, the others are unaffected
+    q, _, _, k_cache, v_cache, meta = make_batch([(1, 40), (1, 1), (1, 1), (1, 7)], 4, 2, 32, torch.float32)
+    seq_lens = meta.seq_lens.clone()
+    seq_lens[1:3] = 0
+    out = _poisoned_like(q)
+    decode_attention(q, k_cache, v_cache, meta.block_tables, seq_lens, 0.3, 4096, out=out)
+    assert torch.equal(out[1:3], torch.zeros_like(out[1:3]))
+    ref = _reference(q, k_cache, v_cache, meta, 0.3)
+    assert rel_err(out[[0, 3]], ref[[0, 3]]) <= TOL[torch.float32]
 
 
 @pytest.mark.parametrize("num_q_heads,num_kv_heads", GQA)

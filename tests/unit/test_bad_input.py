@@ -1,0 +1,93 @@
+"""Bad input fails before it enters the engine, with a message that says what to change."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from tachyon import LLM, SamplingParams
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(top_p=0.0), "top_p"), (dict(top_p=1.5), "top_p"), (dict(temperature=-0.1), "temperature"),
+    (dict(top_k=-2), "top_k"), (dict(n=0), "n="), (dict(max_tokens=0), "max_tokens"),
+    (dict(min_p=2.0), "min_p"), (dict(presence_penalty=3.0), "presence_penalty"),
+    (dict(repetition_penalty=0.0), "repetition_penalty"), (dict(logprobs=50), "logprobs"),
+    (dict(stop=[""]), "stop"),
+])
+def test_out_of_range_sampling_values(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        SamplingParams(**kwargs)
+
+
+def test_bad_requests_leave_running_ones_alone(llm):
+    engine = llm.engine
+    engine.add_request("keep", None, [1, 2, 3, 4], SamplingParams(temperature=0, max_tokens=6, ignore_eos=True))
+    engine.step()
+    max_len = engine.config.scheduler.max_model_len
+    with pytest.raises(ValueError, match="empty"):
+        llm.generate("", SamplingParams())
+    with pytest.raises(ValueError, match="exceeds the model's context"):
+        llm.engine.add_request("long", None, [5] * 10, SamplingParams(max_tokens=max_len))
+    with pytest.raises(ValueError, match="shorten the prompt"):
+        llm.engine.add_request("toolong", None, [5] * max_len, SamplingParams(max_tokens=1))
+    with pytest.raises(ValueError, match="outside the vocabulary"):
+        llm.engine.add_request("vocab", None, [10 ** 9], SamplingParams(max_tokens=1))
+    with pytest.raises(TypeError, match="prompt is a string"):
+        llm.generate([3.5], SamplingParams())
+    done = None
+    while engine.has_unfinished_requests():
+        for o in engine.step():
+            if o.finished:
+                done = o
+    assert done.request_id == "keep" and len(done.outputs[0].token_ids) == 6
+    engine.check_integrity()
+
+
+def test_abort_returns_blocks(llm):
+    engine = llm.engine
+    engine.add_request("ab", None, list(range(50, 90)), SamplingParams(max_tokens=100, ignore_eos=True))
+    engine.step()
+    engine.step()
+    assert engine.kv.num_free_blocks < engine.kv.num_blocks
+    engine.abort_request("ab")
+    outs = engine.step()
+    assert outs and outs[0].outputs[0].finish_reason == "abort"
+    assert not engine.has_unfinished_requests()
+    engine.check_integrity()
+    assert engine.kv.num_free_blocks == engine.kv.num_blocks
+
+
+def test_unknown_model_path():
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        LLM(model="/nonexistent/model")
+
+
+def test_unsupported_architecture(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps({"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2"}))
+    with pytest.raises(ValueError, match="unsupported architecture"):
+        LLM(model=str(tmp_path))
+
+
+def test_malformed_safetensors(tmp_path):
+    from tests.conftest import make_tiny_checkpoint
+
+    make_tiny_checkpoint("llama", str(tmp_path))
+    shard = sorted(p for p in os.listdir(tmp_path) if p.endswith(".safetensors"))[0]
+    (tmp_path / shard).write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00{not json")
+    with pytest.raises(ValueError, match="not a valid safetensors file"):
+        LLM(model=str(tmp_path))
+
+
+def test_malformed_gguf(tmp_path):
+    bad = tmp_path / "broken.gguf"
+    bad.write_bytes(b"GGUF" + b"\x00" * 64)
+    with pytest.raises(ValueError, match="not a readable GGUF"):
+        LLM(model=str(bad))
+
+
+def test_unknown_engine_argument():
+    with pytest.raises(TypeError, match="unknown arguments"):
+        LLM(modle="x")

@@ -1,0 +1,105 @@
+"""Sampling: seeds reproduce, top_k=1 is greedy, logprobs are transformers' log-softmax, filters hold."""
+
+from __future__ import annotations
+
+import torch
+
+from tachyon import SamplingParams
+from tachyon.engine.request import Request
+from tachyon.outputs import RequestMetrics
+from tachyon.worker.sampler import Sampler
+from tests.conftest import hf_greedy
+
+
+def _req(sp: SamplingParams, tokens=(1, 2, 3), gen=None) -> Request:
+    r = Request(request_id="x", group_id="x", index=0, prompt_token_ids=list(tokens), sampling_params=sp,
+                max_tokens=16, eos_token_ids=frozenset({2}), metrics=RequestMetrics(arrival_time=0.0))
+    r.generator = gen
+    return r
+
+
+def test_seeded_sampling_is_reproducible_in_any_batch(llm):
+    sp = SamplingParams(temperature=1.0, top_p=0.95, max_tokens=24, seed=1234, ignore_eos=True)
+    alone = llm.generate("Tell me about the moon.", sp)[0].outputs[0].token_ids
+    others = SamplingParams(temperature=1.0, max_tokens=24, ignore_eos=True)
+    batch = llm.generate(["Hi", "Tell me about the moon.", "Count: 1, 2,"], [others, sp, others])
+    assert batch[1].outputs[0].token_ids == alone
+    unseeded = [llm.generate("Tell me about the moon.", others)[0].outputs[0].token_ids for _ in range(2)]
+    assert unseeded[0] != unseeded[1] or unseeded[0] != alone  # unseeded sampling is random
+
+
+def test_top_k_1_equals_greedy(llm):
+    prompts = ["The capital of Italy is", "def add(a, b):", "Roses are red,"]
+    greedy = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=16, ignore_eos=True))
+    topk1 = llm.generate(prompts, SamplingParams(temperature=0.8, top_k=1, max_tokens=16, ignore_eos=True))
+    assert [o.outputs[0].token_ids for o in greedy] == [o.outputs[0].token_ids for o in topk1]
+
+
+def test_logprobs_match_transformers_log_softmax(llm, hf_embedded):
+    ids = llm.get_tokenizer().encode("The quick brown fox")
+    out = llm.generate({"prompt_token_ids": ids}, SamplingParams(temperature=0, max_tokens=6, logprobs=5,
+                                                                ignore_eos=True))[0].outputs[0]
+    assert out.token_ids == hf_greedy(hf_embedded, ids, 6)
+    with torch.no_grad():
+        logits = hf_embedded(torch.tensor([ids + out.token_ids])).logits[0].float()
+    ref = torch.log_softmax(logits, dim=-1)
+    total = 0.0
+    for step, (tok, lp) in enumerate(zip(out.token_ids, out.logprobs)):
+        row = ref[len(ids) - 1 + step]
+        top = row.topk(5)
+        assert set(lp) == set(top.indices.tolist()) | {tok}
+        for tid, v in lp.items():
+            assert abs(v - row[tid].item()) < 1e-4
+        total += lp[tok]
+    assert abs(out.cumulative_logprob - total) < 1e-4
+
+
+def test_filters_only_keep_allowed_tokens():
+    s = Sampler(vocab_size=8, device=torch.device("cpu"), seed=0)
+    logits = torch.tensor([[4.0, 3.0, 2.0, 1.0, 0.0, -1.0, -2.0, -3.0]] * 4)
+    reqs = [
+        _req(SamplingParams(temperature=1.0, top_k=2)),
+        _req(SamplingParams(temperature=1.0, top_p=0.5)),  # p(0) = 0.64 > 0.5: only token 0
+        _req(SamplingParams(temperature=1.0, min_p=0.3)),  # p(1)/p(0) = 0.37: tokens 0, 1
+        _req(SamplingParams(temperature=0.0)),
+    ]
+    seen = [set() for _ in reqs]
+    for _ in range(200):
+        for i, t in enumerate(s(logits, reqs).token_ids):
+            seen[i].add(t)
+    assert seen[0] == {0, 1} and seen[1] == {0} and seen[2] == {0, 1} and seen[3] == {0}
+
+
+def test_penalties_and_min_tokens():
+    s = Sampler(vocab_size=4, device=torch.device("cpu"))
+    logits = torch.tensor([[2.0, 1.9, 0.0, -5.0]])
+    rep = _req(SamplingParams(temperature=0, repetition_penalty=2.0), tokens=(0,))
+    assert s(logits, [rep]).token_ids == [1]  # 2.0 / 2 = 1.0 < 1.9
+    pres = _req(SamplingParams(temperature=0, presence_penalty=0.5), tokens=(3,))
+    pres.token_ids.append(0)  # token 0 was generated once
+    assert s(logits, [pres]).token_ids == [1]
+    eos_first = torch.tensor([[0.0, 0.0, 5.0, 0.0]])
+    mt = _req(SamplingParams(temperature=0, min_tokens=2, max_tokens=8))
+    assert s(eos_first, [mt]).token_ids != [2]  # EOS (id 2) banned before min_tokens
+
+
+def test_n_samples_share_prompt_blocks(llm):
+    engine = llm.engine
+    prompt = list(range(1000, 1100))
+    engine.add_request("fork", None, prompt, SamplingParams(n=3, temperature=1.0, seed=7, max_tokens=8, ignore_eos=True))
+    shared_seen = False
+    result = None
+    while engine.has_unfinished_requests():
+        for o in engine.step():
+            if o.finished:
+                result = o
+        seqs = [r for r in engine.live_requests() if r.group_id == "fork"]
+        if len(seqs) == 3 and all(r.block_ids for r in seqs):
+            first = {tuple(r.block_ids[:6]) for r in seqs}
+            shared_seen |= len(first) == 1 and engine.kv.pool.blocks[seqs[0].block_ids[0]].ref_cnt >= 3
+    assert shared_seen, "the 3 samples should hold the same prompt blocks"
+    assert [c.index for c in result.outputs] == [0, 1, 2]
+    assert all(len(c.token_ids) == 8 for c in result.outputs)
+    assert len({tuple(c.token_ids) for c in result.outputs}) > 1
+    engine.check_integrity()
+    assert engine.kv.num_free_blocks == engine.kv.num_blocks
