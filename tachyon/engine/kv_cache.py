@@ -142,10 +142,13 @@ class KVCacheManager:
         if not self.enable_prefix_caching:
             return
         full = req.num_computed_tokens // self.block_size
+        if full <= req.num_registered_blocks:
+            return
         self._update_block_hashes(req, full * self.block_size)
         bs = self.block_size
-        for i in range(full):
+        for i in range(req.num_registered_blocks, full):
             self.pool.register(req.block_ids[i], req.block_hashes[i], tuple(req.token_ids[i * bs:(i + 1) * bs]))
+        req.num_registered_blocks = full
 
     # -- allocation ---------------------------------------------------------------------------------------
     def can_allocate(self, req: Request, num_new_tokens: int, shared_blocks: list[int] = ()) -> bool:
@@ -174,6 +177,7 @@ class KVCacheManager:
         for b in reversed(req.block_ids):
             self.pool.release(b)
         req.block_ids = []
+        req.num_registered_blocks = 0
 
     # -- invariants ---------------------------------------------------------------------------------------
     def check_integrity(self, live: list[Request] = ()) -> None:

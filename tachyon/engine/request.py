@@ -42,6 +42,7 @@ class Request:
     num_cached_tokens: int = 0  # of the prompt, found in the prefix cache
     block_ids: list[int] = field(default_factory=list)
     block_hashes: list[int] = field(default_factory=list)  # chained hashes of the full blocks of token_ids
+    num_registered_blocks: int = 0  # leading blocks already offered to the prefix cache
     status: RequestStatus = RequestStatus.WAITING
     stop_reason: int | str | None = None
     generator: torch.Generator | None = None

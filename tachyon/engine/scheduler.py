@@ -163,6 +163,7 @@ class Scheduler:
                 self.kv.pool.touch(b)
             child.block_ids = list(shared)
             child.block_hashes = parent.block_hashes[: len(shared)]
+            child.num_registered_blocks = len(shared)
             child.num_computed_tokens = len(shared) * bs
             child.num_cached_tokens = parent.num_cached_tokens
         self.waiting.extendleft(reversed(parent.pending_forks))

@@ -6,7 +6,9 @@ Decodes (one new token) go first in the batch, then prefill chunks, as the atten
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from tachyon.config import EngineConfig, kv_cache_bytes_per_token
@@ -16,6 +18,22 @@ from tachyon.layers.attention import AttentionMetadata, get_attention_backend
 from tachyon.models.loader import iter_weights, random_weights_
 from tachyon.models.registry import model_class
 from tachyon.worker.sampler import Sampler, SamplerOutput
+
+
+@dataclass
+class StepInputs:
+    """One step's batch on the host: per-token arrays [T], per-sequence arrays [S] (decodes first)."""
+
+    input_ids: np.ndarray
+    positions: np.ndarray
+    slot_mapping: np.ndarray
+    query_start_loc: np.ndarray
+    seq_lens: np.ndarray
+    block_tables: np.ndarray
+    num_decodes: int
+    q_lens: list[int]
+    logits_indices: np.ndarray
+    sample_reqs: list[Request]
 
 
 class ModelRunner:
@@ -41,6 +59,12 @@ class ModelRunner:
         self.sampler = Sampler(config.model.vocab_size, self.device, seed=config.seed)
         self.kv_caches: list[tuple[torch.Tensor, torch.Tensor]] = []
         self.num_blocks = 0
+        self.cuda_graphs = None  # tachyon.worker.cuda_graphs.CudaGraphs once captured
+        self.timings: dict[str, float] = {"load_weights_s": self.load_time_s}
+        if self.device.type == "cuda" and config.attention_backend == "triton":
+            from tachyon.kernels.attention_backend import install_fused_ops
+
+            install_fused_ops(self.model)
 
     # -- KV cache ---------------------------------------------------------------------------------------
     def kv_bytes_per_block(self) -> int:
@@ -55,63 +79,93 @@ class ModelRunner:
         self.num_blocks = num_blocks
 
     # -- one step ---------------------------------------------------------------------------------------
-    def prepare(self, seqs: list[ScheduledSeq]):
-        """Host-side batch tensors. Returns (input_ids, positions, meta, logits_indices, sampling reqs)."""
+    def prepare(self, seqs: list[ScheduledSeq]) -> StepInputs:
+        """Host-side batch arrays, decodes first (stable order otherwise)."""
         bs = self.block_size
-        order = sorted(range(len(seqs)), key=lambda i: seqs[i].num_new_tokens != 1)  # decodes first, stable
-        ordered = [seqs[i] for i in order]
-        input_ids: list[int] = []
-        positions: list[int] = []
-        slots: list[int] = []
-        q_lens: list[int] = []
-        s_lens: list[int] = []
-        logits_idx: list[int] = []
-        sample_reqs: list[Request] = []
-        max_blocks = 1
-        for s in ordered:
-            req, n = s.req, s.num_new_tokens
-            start = req.num_computed_tokens
-            input_ids.extend(req.token_ids[start:start + n])
-            positions.extend(range(start, start + n))
-            bt = req.block_ids
-            slots.extend(bt[p // bs] * bs + p % bs for p in range(start, start + n))
-            q_lens.append(n)
-            s_lens.append(start + n)
-            max_blocks = max(max_blocks, len(bt))
-            if s.sample:
-                logits_idx.append(len(input_ids) - 1)
-                sample_reqs.append(req)
-        block_tables = torch.zeros(len(ordered), max_blocks, dtype=torch.int32)
+        ordered = sorted(seqs, key=lambda s: s.num_new_tokens != 1)
+        S = len(ordered)
+        q_lens = np.fromiter((s.num_new_tokens for s in ordered), dtype=np.int64, count=S)
+        starts = np.fromiter((s.req.num_computed_tokens for s in ordered), dtype=np.int64, count=S)
+        T = int(q_lens.sum())
+        num_decodes = int(np.argmax(q_lens != 1)) if (q_lens != 1).any() else S
+        max_blocks = max(len(s.req.block_ids) for s in ordered)
+        block_tables = np.zeros((S, max_blocks), dtype=np.int32)
         for i, s in enumerate(ordered):
-            if s.req.block_ids:
-                block_tables[i, : len(s.req.block_ids)] = torch.tensor(s.req.block_ids, dtype=torch.int32)
-        qsl = [0]
-        for q in q_lens:
-            qsl.append(qsl[-1] + q)
-        dev = self.device
-        meta = AttentionMetadata(
-            slot_mapping=torch.tensor(slots, dtype=torch.int64).to(dev, non_blocking=True),
-            query_start_loc=torch.tensor(qsl, dtype=torch.int32).to(dev, non_blocking=True),
-            seq_lens=torch.tensor(s_lens, dtype=torch.int32).to(dev, non_blocking=True),
-            block_tables=block_tables.to(dev, non_blocking=True),
-            num_decodes=sum(1 for q in q_lens if q == 1),
-            max_query_len=max(q_lens),
-            max_seq_len=max(s_lens),
-            query_lens_cpu=q_lens,
-            seq_lens_cpu=s_lens,
-        )
-        ids = torch.tensor(input_ids, dtype=torch.long).to(dev, non_blocking=True)
-        pos = torch.tensor(positions, dtype=torch.long).to(dev, non_blocking=True)
-        return ids, pos, meta, torch.tensor(logits_idx, dtype=torch.long).to(dev, non_blocking=True), sample_reqs
+            block_tables[i, : len(s.req.block_ids)] = s.req.block_ids
+        if num_decodes == S:  # the common case: one token each, no per-token Python loop
+            input_ids = np.fromiter((s.req.token_ids[-1] for s in ordered), dtype=np.int64, count=S)
+            positions = starts
+        else:
+            input_ids = np.empty(T, dtype=np.int64)
+            positions = np.empty(T, dtype=np.int64)
+            o = 0
+            for s, st, n in zip(ordered, starts.tolist(), q_lens.tolist()):
+                input_ids[o:o + n] = s.req.token_ids[st:st + n]
+                positions[o:o + n] = np.arange(st, st + n)
+                o += n
+        seq_idx = np.repeat(np.arange(S), q_lens)
+        slots = block_tables[seq_idx, positions // bs].astype(np.int64) * bs + positions % bs
+        qsl = np.zeros(S + 1, dtype=np.int32)
+        np.cumsum(q_lens, out=qsl[1:])
+        sample = [i for i, s in enumerate(ordered) if s.sample]
+        return StepInputs(
+            input_ids=input_ids, positions=positions, slot_mapping=slots, query_start_loc=qsl,
+            seq_lens=(starts + q_lens).astype(np.int32), block_tables=block_tables, num_decodes=num_decodes,
+            q_lens=q_lens.tolist(), logits_indices=(qsl[1:][sample] - 1).astype(np.int64),
+            sample_reqs=[ordered[i].req for i in sample])
+
+    def _to_device(self, a: np.ndarray) -> torch.Tensor:
+        t = torch.from_numpy(a)
+        if self.device.type == "cuda":
+            return t.pin_memory().to(self.device, non_blocking=True)
+        return t
+
+    def _metadata(self, x: StepInputs) -> AttentionMetadata:
+        s_lens = x.seq_lens.tolist()
+        return AttentionMetadata(
+            slot_mapping=self._to_device(x.slot_mapping), query_start_loc=self._to_device(x.query_start_loc),
+            seq_lens=self._to_device(x.seq_lens), block_tables=self._to_device(x.block_tables),
+            num_decodes=x.num_decodes, max_query_len=max(x.q_lens), max_seq_len=max(s_lens),
+            query_lens_cpu=x.q_lens, seq_lens_cpu=s_lens)
 
     @torch.inference_mode()
     def execute(self, out: SchedulerOutput) -> tuple[list[Request], SamplerOutput | None]:
-        ids, pos, meta, logits_idx, sample_reqs = self.prepare(out.seqs)
-        hidden = self.model(ids, pos, self.kv_caches, meta, self.backend)
-        if not sample_reqs:
-            return sample_reqs, None
-        logits = self.model.compute_logits(hidden[logits_idx])
-        return sample_reqs, self.sampler(logits, sample_reqs)
+        x = self.prepare(out.seqs)
+        graphs = self.cuda_graphs
+        if graphs is not None and x.num_decodes == len(x.q_lens) and graphs.fits(len(x.q_lens)):
+            logits = graphs.replay(x)[: len(x.q_lens)]
+            logits = logits[torch.from_numpy(x.logits_indices).to(self.device)] if len(x.sample_reqs) != len(x.q_lens) else logits
+        else:
+            hidden = self.model(self._to_device(x.input_ids), self._to_device(x.positions), self.kv_caches,
+                                self._metadata(x), self.backend)
+            if not x.sample_reqs:
+                return x.sample_reqs, None
+            logits = self.model.compute_logits(hidden[self._to_device(x.logits_indices)])
+        if not x.sample_reqs:
+            return x.sample_reqs, None
+        return x.sample_reqs, self.sampler(logits, x.sample_reqs)
+
+    # -- GPU: memory profile, warm-up, CUDA graphs ----------------------------------------------------------
+    @torch.inference_mode()
+    def profile_num_blocks(self) -> int:
+        """Run the largest step once (a full token budget of prefill, then sampling max_num_seqs rows) on a
+        scratch cache, and give the KV pool what is left under gpu_memory_utilization."""
+        from tachyon.worker.gpu_profile import profile_num_blocks
+
+        t0 = time.perf_counter()
+        n = profile_num_blocks(self)
+        self.timings["profile_s"] = time.perf_counter() - t0
+        return n
+
+    def warm_up(self) -> None:
+        if self.device.type != "cuda" or self.config.enforce_eager or self.config.attention_backend != "triton":
+            return
+        from tachyon.worker.cuda_graphs import CudaGraphs
+
+        t0 = time.perf_counter()
+        self.cuda_graphs = CudaGraphs.capture(self)
+        torch.cuda.synchronize()
+        self.timings["cuda_graph_capture_s"] = time.perf_counter() - t0
 
     # -- swap space support --------------------------------------------------------------------------------
     def copy_blocks_to(self, src_ids: list[int], dst: torch.Tensor, dst_ids: list[int]) -> None:

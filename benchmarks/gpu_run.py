@@ -1,0 +1,421 @@
+"""One script per H200 call: correctness of the GPU path, then the llama3-8b workloads, Tachyon and the
+transformers baseline in the same run. Writes JSON under --out.
+
+    PYTHONPATH=. python benchmarks/gpu_run.py correctness --out $OUT/correctness.json
+    PYTHONPATH=. python benchmarks/gpu_run.py perf --workloads single,sweep,throughput,random,prefix,hf --out $OUT/perf.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import platform
+import random
+import sys
+import tempfile
+import time
+import traceback
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from tachyon import LLM, SamplingParams  # noqa: E402
+from tachyon.bench.workloads import NAMED, build  # noqa: E402
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+LLAMA8B = os.path.join(HERE, "models", "llama3-8b.json")
+
+
+def log(*a):
+    print(f"[{time.strftime('%H:%M:%S')}]", *a, flush=True)
+
+
+def env_info() -> dict:
+    import transformers
+    import triton
+
+    p = torch.cuda.get_device_properties(0) if torch.cuda.is_available() else None
+    return {"gpu": p.name if p else None, "gpu_mem_gib": p.total_memory / 2**30 if p else None,
+            "torch": torch.__version__, "triton": triton.__version__, "transformers": transformers.__version__,
+            "python": platform.python_version(), "cpu_count": os.cpu_count()}
+
+
+# -- ceilings ------------------------------------------------------------------------------------------------
+def copy_bandwidth() -> float:
+    """Device-to-device copy, bytes read + written per second (median of 20)."""
+    n = 2 << 30
+    a = torch.empty(n, dtype=torch.uint8, device="cuda").random_()
+    b = torch.empty_like(a)
+    for _ in range(3):
+        b.copy_(a)
+    times = []
+    for _ in range(20):
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        s.record()
+        b.copy_(a)
+        e.record()
+        e.synchronize()
+        times.append(s.elapsed_time(e) / 1e3)
+    del a, b
+    torch.cuda.empty_cache()
+    return 2 * n / sorted(times)[len(times) // 2]
+
+
+# -- correctness ----------------------------------------------------------------------------------------------
+def _set_fused(model, on: bool):
+    from tachyon.kernels.attention_backend import install_fused_ops
+    from tachyon.layers.activation import silu_and_mul_ref
+    from tachyon.layers.norm import RMSNorm
+    from tachyon.layers.rotary import RotaryEmbedding
+    from tachyon.models.llama import MLP
+
+    if on:
+        install_fused_ops(model)
+        return
+    for m in model.modules():
+        if isinstance(m, (RMSNorm, RotaryEmbedding)):
+            m.fused = None
+        elif isinstance(m, MLP):
+            m.act = silu_and_mul_ref
+
+
+def triton_vs_torch(model_dir: str, enforce_eager: bool) -> dict:
+    """Every step of a staggered workload (prefill chunks, prefix hits, decodes) runs twice from the same KV
+    state: the pure-torch reference path, then the Triton path (CUDA graphs unless eager). Compare logits."""
+    from tachyon.layers.attention import TorchAttentionBackend
+
+    llm = LLM(model=model_dir, dtype="bfloat16", max_num_batched_tokens=256, enforce_eager=enforce_eager,
+              swap_space=0, gpu_memory_utilization=0.3, max_model_len=2048)
+    runner = llm.engine.runner
+    ref_backend = TorchAttentionBackend()
+    errs, kinds = [], {"mixed": 0, "decode_only": 0, "prefill_only": 0, "graph_steps": 0}
+    captured = {}
+    orig_sampler = runner.sampler
+
+    def sampler(logits, reqs):
+        captured["logits"] = logits.clone()
+        return orig_sampler(logits, reqs)
+
+    runner.sampler = sampler
+    orig_execute = runner.execute
+
+    def execute(out):
+        x = runner.prepare(out.seqs)
+        backup = runner._kv.clone()
+        _set_fused(runner.model, False)
+        with torch.inference_mode():
+            hidden = runner.model(runner._to_device(x.input_ids), runner._to_device(x.positions), runner.kv_caches,
+                                  runner._metadata(x), ref_backend)
+            ref = runner.model.compute_logits(hidden[runner._to_device(x.logits_indices)]) if x.sample_reqs else None
+        _set_fused(runner.model, True)
+        runner._kv.copy_(backup)
+        nd, S = x.num_decodes, len(x.q_lens)
+        kinds["decode_only" if nd == S else "prefill_only" if nd == 0 else "mixed"] += 1
+        if nd == S and runner.cuda_graphs is not None and runner.cuda_graphs.fits(S):
+            kinds["graph_steps"] += 1
+        captured.pop("logits", None)
+        result = orig_execute(out)
+        if ref is not None:
+            got = captured["logits"][: ref.shape[0]]
+            errs.append(((got - ref).norm() / ref.norm()).item())
+        return result
+
+    runner.execute = execute
+    rng = random.Random(0)
+    prefixes = [[rng.randrange(100, 30000) for _ in range(rng.choice([64, 160]))] for _ in range(3)]
+    prompts = [prefixes[i % 3] + [rng.randrange(100, 30000) for _ in range(rng.randrange(5, 300))] for i in range(24)]
+    eng = llm.engine
+    pending = list(enumerate(prompts))
+    while pending or eng.has_unfinished_requests():
+        for _ in range(3):
+            if pending:
+                i, p = pending.pop(0)
+                eng.add_request(f"c{i}", None, p, SamplingParams(temperature=0, max_tokens=24, ignore_eos=True))
+        eng.step()
+    eng.check_integrity()
+    res = {"steps": len(errs), "max_rel_err": max(errs), "median_rel_err": sorted(errs)[len(errs) // 2],
+           "step_kinds": kinds, "prefix_hit_tokens": eng.kv.prefix_hits, "enforce_eager": enforce_eager}
+    del llm, eng, runner
+    gc.collect()
+    torch.cuda.empty_cache()
+    return res
+
+
+def greedy_vs_transformers(model_dir: str, hf_model) -> dict:
+    llm = LLM(model=model_dir, dtype="bfloat16", swap_space=0, gpu_memory_utilization=0.3, max_model_len=2048)
+    rng = random.Random(1)
+    prompts = [[rng.randrange(100, 30000) for _ in range(rng.randrange(65, 400))] for _ in range(48)]
+    new = 32
+    outs = llm.generate([{"prompt_token_ids": p} for p in prompts],
+                        SamplingParams(temperature=0, max_tokens=new, ignore_eos=True))
+    exact, agree = 0, []
+    for p, o in zip(prompts, outs):
+        ref = []
+        with torch.no_grad():  # plain greedy with transformers' own KV cache, EOS ignored
+            step = hf_model(torch.tensor([p], device="cuda"), use_cache=True)
+            for _ in range(new):
+                ref.append(int(step.logits[0, -1].argmax()))
+                step = hf_model(torch.tensor([[ref[-1]]], device="cuda"), past_key_values=step.past_key_values,
+                                use_cache=True)
+        got = o.outputs[0].token_ids
+        exact += got == ref
+        k = next((i for i, (a, b) in enumerate(zip(got, ref)) if a != b), new)
+        agree.append(k)
+    del llm
+    gc.collect()
+    torch.cuda.empty_cache()
+    return {"prompts": len(prompts), "new_tokens": new, "exact_fraction": exact / len(prompts),
+            "mean_tokens_before_first_divergence": sum(agree) / len(agree)}
+
+
+def cmd_correctness(args) -> dict:
+    import transformers
+
+    out = {"env": env_info()}
+    cfg = transformers.LlamaConfig(vocab_size=32000, hidden_size=1024, intermediate_size=2816, num_hidden_layers=8,
+                                   num_attention_heads=16, num_key_value_heads=4, max_position_embeddings=4096,
+                                   initializer_range=0.06, rms_norm_eps=1e-5, rope_theta=500000.0,
+                                   tie_word_embeddings=False)
+    torch.manual_seed(0)
+    hf = transformers.LlamaForCausalLM(cfg).to("cuda", torch.bfloat16).eval()
+    d = tempfile.mkdtemp()
+    hf.save_pretrained(d)
+    for eager in (True, False):
+        try:
+            out[f"triton_vs_torch_{'eager' if eager else 'graphs'}"] = triton_vs_torch(d, eager)
+        except Exception:
+            out[f"triton_vs_torch_{'eager' if eager else 'graphs'}"] = {"error": traceback.format_exc()}
+        log(out[f"triton_vs_torch_{'eager' if eager else 'graphs'}"])
+    try:
+        out["greedy_vs_transformers_bf16"] = greedy_vs_transformers(d, hf)
+    except Exception:
+        out["greedy_vs_transformers_bf16"] = {"error": traceback.format_exc()}
+    log(out["greedy_vs_transformers_bf16"])
+    return out
+
+
+# -- performance ----------------------------------------------------------------------------------------------
+def run_offline(llm, reqs) -> dict:
+    """All requests at once; per-request first-token and finish times from the step loop."""
+    eng = llm.engine
+    first, done = {}, {}
+    t0 = time.perf_counter()
+    for i, r in enumerate(reqs):
+        eng.add_request(f"p{i}", None, r.prompt_token_ids,
+                        SamplingParams(temperature=0, max_tokens=r.output_len, ignore_eos=True))
+    with torch.inference_mode():
+        while eng.has_unfinished_requests():
+            outs = eng.step()
+            t = time.perf_counter() - t0
+            for o in outs:
+                if o.request_id not in first and o.outputs[0].token_ids:
+                    first[o.request_id] = t
+                if o.finished:
+                    done[o.request_id] = t
+    dur = max(done.values())
+    n_out = sum(r.output_len for r in reqs)
+    n_in = sum(r.prompt_len for r in reqs)
+    return {"requests": len(reqs), "duration_s": dur, "output_tok_s": n_out / dur, "total_tok_s": (n_in + n_out) / dur,
+            "mean_ttft_s": sum(first.values()) / len(first), "time_to_all_first_tokens_s": max(first.values())}
+
+
+def run_single(llm, req) -> dict:
+    eng = llm.engine
+    times = []
+    t0 = time.perf_counter()
+    eng.add_request("single", None, req.prompt_token_ids, SamplingParams(temperature=0, max_tokens=req.output_len,
+                                                                          ignore_eos=True))
+    n_prev = 0
+    with torch.inference_mode():
+        while eng.has_unfinished_requests():
+            for o in eng.step():
+                n = len(o.outputs[0].token_ids)
+                t = time.perf_counter() - t0
+                times.extend([t] * (n - n_prev))
+                n_prev = n
+    return {"ttft_s": times[0], "decode_tok_s": (len(times) - 1) / (times[-1] - times[0]), "tokens": len(times)}
+
+
+def step_profile(llm, batch: int, ctx: int, prefill_tokens: int) -> dict:
+    """Per-kernel GPU time of one eager decode step (batch x 1 token at context ctx) and one prefill step."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from tachyon.engine.request import Request
+    from tachyon.engine.scheduler import ScheduledSeq, SchedulerOutput
+    from tachyon.outputs import RequestMetrics
+
+    runner = llm.engine.runner
+    kv = llm.engine.kv
+    res = {}
+    for name, seqs_spec in (("decode", [(ctx, 1)] * batch), ("prefill", [(0, prefill_tokens)])):
+        reqs, seqs = [], []
+        for j, (computed, new) in enumerate(seqs_spec):
+            r = Request(request_id=f"prof{j}", group_id="prof", index=0, prompt_token_ids=[5] * (computed + new),
+                        sampling_params=SamplingParams(temperature=0), max_tokens=1, eos_token_ids=frozenset(),
+                        metrics=RequestMetrics(0.0))
+            assert kv.allocate(r, computed + new), "profile step does not fit the KV pool"
+            r.num_computed_tokens = computed
+            reqs.append(r)
+            seqs.append(ScheduledSeq(r, new, True))
+        graphs, runner.cuda_graphs = runner.cuda_graphs, None  # eager, so every kernel shows
+        runner.execute(SchedulerOutput(seqs=seqs))
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            runner.execute(SchedulerOutput(seqs=seqs))
+            torch.cuda.synchronize()
+        runner.cuda_graphs = graphs
+        rows = []
+        total = 0.0
+        for ev in prof.key_averages():
+            t = getattr(ev, "device_time_total", None) or getattr(ev, "cuda_time_total", 0)
+            if t > 0 and ev.key and not ev.key.startswith("ProfilerStep"):
+                rows.append((ev.key[:90], t / 1e3, ev.count))
+        rows.sort(key=lambda r: -r[1])
+        total = sum(r[1] for r in rows)
+        res[name] = {"batch": len(seqs), "total_kernel_ms": total,
+                     "kernels": [{"name": k, "ms": round(ms, 4), "count": c} for k, ms, c in rows[:15]]}
+        for r in reqs:
+            kv.free(r)
+    return res
+
+
+def hf_sweep(concurrencies, in_len, out_len) -> dict:
+    import transformers
+
+    cfg = transformers.AutoConfig.from_pretrained(os.path.dirname(LLAMA8B) + "/llama3-8b-serve")
+    with torch.device("cuda"):
+        model = transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16, attn_implementation="sdpa")
+    model.eval()
+    rng = random.Random(0)
+    res = {}
+    for c in concurrencies:
+        ids = torch.tensor([[rng.randrange(1000, 127000) for _ in range(in_len)] for _ in range(c)], device="cuda")
+        with torch.no_grad():
+            model.generate(ids[:, :16], attention_mask=torch.ones_like(ids[:, :16]), max_new_tokens=2, do_sample=False,
+                           pad_token_id=0)
+            torch.cuda.synchronize()
+            t = time.perf_counter()
+            model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=out_len, min_new_tokens=out_len,
+                           do_sample=False, pad_token_id=0)
+            torch.cuda.synchronize()
+            dt = time.perf_counter() - t
+        res[str(c)] = {"output_tok_s": c * out_len / dt, "duration_s": dt}
+        log("hf", c, res[str(c)])
+    del model
+    gc.collect()
+    torch.cuda.empty_cache()
+    return res
+
+
+def cmd_perf(args) -> dict:
+    wl = args.workloads.split(",")
+    out = {"env": env_info(), "model": "llama3-8b (benchmarks/models/llama3-8b.json), random bf16 weights",
+           "command": " ".join(sys.argv)}
+    out["copy_bandwidth_TBps"] = copy_bandwidth() / 1e12
+    log("copy bandwidth TB/s", out["copy_bandwidth_TBps"])
+    if "hf" in wl:
+        try:
+            out["hf_sweep"] = hf_sweep([int(c) for c in args.hf_concurrency.split(",")], 512, args.hf_out)
+        except Exception:
+            out["hf_sweep"] = {"error": traceback.format_exc()}
+    t = time.perf_counter()
+    llm = LLM(model=LLAMA8B, load_format="dummy", dtype="bfloat16", max_model_len=4096,
+              max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
+              enable_prefix_caching=True, swap_space=0)
+    runner = llm.engine.runner
+    out["startup_s"] = time.perf_counter() - t
+    out["startup_breakdown"] = runner.timings
+    out["num_kv_blocks"] = llm.engine.kv.num_blocks
+    out["engine_config"] = {"max_num_seqs": args.max_num_seqs, "max_num_batched_tokens": args.max_num_batched_tokens,
+                            "max_model_len": 4096, "block_size": 16, "cuda_graph_sizes": runner.cuda_graphs.sizes
+                            if runner.cuda_graphs else None}
+    params = sum(p.numel() * p.element_size() for p in runner.model.parameters())
+    embed = runner.model.embed_tokens.weight.numel() * 2
+    out["weight_bytes"] = params
+    log("startup", out["startup_s"], runner.timings, "blocks", out["num_kv_blocks"])
+    vocab = 128256
+
+    def save():
+        with open(args.out, "w") as f:
+            json.dump(out, f, indent=1)
+
+    if "single" in wl:
+        req = build(NAMED["single"], vocab)[0]
+        run_single(llm, req)  # warm-up
+        r = [run_single(llm, req) for _ in range(3)]
+        best = sorted(r, key=lambda x: x["decode_tok_s"])[1]
+        kv_read = 0.5 * (512 + 1024) * 32 * 8 * 128 * 2 * 2  # mean context over the decode
+        step_bytes = params - embed + kv_read
+        ceiling = out["copy_bandwidth_TBps"] * 1e12 / step_bytes
+        best["bytes_per_step_GB"] = step_bytes / 1e9
+        best["ceiling_tok_s"] = ceiling
+        best["fraction_of_ceiling"] = best["decode_tok_s"] / ceiling
+        best["runs"] = r
+        out["single"] = best
+        log("single", best)
+        save()
+    if "sweep" in wl:
+        out["sweep"] = {}
+        for c in [1, 4, 16, 64, 256]:
+            spec = NAMED["sweep"]
+            spec.num_prompts = c
+            reqs = build(spec, vocab)
+            out["sweep"][str(c)] = run_offline(llm, reqs)
+            log("sweep", c, out["sweep"][str(c)])
+        save()
+    if "throughput" in wl:
+        out["throughput"] = run_offline(llm, build(NAMED["throughput"], vocab))
+        log("throughput", out["throughput"])
+        save()
+    if "random" in wl:
+        out["random"] = run_offline(llm, build(NAMED["random"], vocab))
+        log("random", out["random"])
+        save()
+    if "prefix" in wl:
+        res = {}
+        for on in (True, False):
+            llm.engine.kv.enable_prefix_caching = on
+            spec = NAMED["prefix"]
+            spec.seed = 100 + on  # a fresh shared prefix per measurement
+            reqs = build(spec, vocab)
+            first = run_offline(llm, [type(r)(r.prompt_token_ids, 1) for r in reqs])
+            spec.seed = 200 + on
+            reqs = build(spec, vocab)
+            full = run_offline(llm, reqs)
+            res["on" if on else "off"] = {"time_to_all_first_tokens_s": first["duration_s"],
+                                          "mean_ttft_s": full["mean_ttft_s"], "full_run_s": full["duration_s"],
+                                          "output_tok_s": full["output_tok_s"]}
+            log("prefix", on, res["on" if on else "off"])
+        llm.engine.kv.enable_prefix_caching = True
+        out["prefix"] = res
+        save()
+    if "profile" in wl:
+        try:
+            out["profile"] = step_profile(llm, batch=64, ctx=768, prefill_tokens=2048)
+        except Exception:
+            out["profile"] = {"error": traceback.format_exc()}
+        save()
+    return out
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("mode", choices=["correctness", "perf"])
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--workloads", default="single,sweep,throughput,random,prefix,profile")
+    ap.add_argument("--max-num-seqs", type=int, default=256)
+    ap.add_argument("--max-num-batched-tokens", type=int, default=8192)
+    ap.add_argument("--hf-concurrency", default="1,4,16,64,256")
+    ap.add_argument("--hf-out", type=int, default=256)
+    args = ap.parse_args()
+    res = cmd_correctness(args) if args.mode == "correctness" else cmd_perf(args)
+    with open(args.out, "w") as f:
+        json.dump(res, f, indent=1)
+    log("wrote", args.out)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,102 @@
+"""CUDA graphs for decode steps: one graph per captured batch size; a batch is padded up to the next size.
+
+Padding rows have slot -1 (their K/V are not written) and seq_len 0 (decode attention writes zeros for
+them), so they cost a little arithmetic and touch nothing. The graphs read fixed input buffers; a replay
+copies the step's arrays into them first. Attention's split count is fixed at capture by max_model_len.
+"""
+
+from __future__ import annotations
+
+import bisect
+
+import numpy as np
+import torch
+
+from tachyon.layers.attention import AttentionMetadata
+
+
+def capture_sizes(max_num_seqs: int) -> list[int]:
+    sizes = [1, 2, 4, 8] + list(range(16, 257, 16)) + list(range(288, 1025, 32))
+    sizes = [s for s in sizes if s <= max_num_seqs]
+    if not sizes or sizes[-1] < max_num_seqs:
+        sizes.append(max_num_seqs)
+    return sizes
+
+
+class CudaGraphs:
+    def __init__(self, runner, sizes: list[int]):
+        self.runner = runner
+        self.sizes = sizes
+        dev = runner.device
+        max_bs = sizes[-1]
+        max_len = runner.config.scheduler.max_model_len
+        self.max_blocks = -(-max_len // runner.block_size)
+        self.max_seq_len = max_len
+        self.input_ids = torch.zeros(max_bs, dtype=torch.long, device=dev)
+        self.positions = torch.zeros(max_bs, dtype=torch.long, device=dev)
+        self.slot_mapping = torch.full((max_bs,), -1, dtype=torch.long, device=dev)
+        self.seq_lens = torch.zeros(max_bs, dtype=torch.int32, device=dev)
+        self.block_tables = torch.zeros(max_bs, self.max_blocks, dtype=torch.int32, device=dev)
+        self.query_start_loc = torch.arange(max_bs + 1, dtype=torch.int32, device=dev)
+        # one pinned staging buffer: [ids | positions | slots | seq_lens] as int64, copied in one go
+        self._stage = torch.zeros(4, max_bs, dtype=torch.long, pin_memory=True)
+        self._stage_bt = torch.zeros(max_bs, self.max_blocks, dtype=torch.int32, pin_memory=True)
+        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        # every graph writes its logits here, so the graphs' outputs don't pile up in the memory pool
+        self.logits = torch.empty(max_bs, runner.config.model.vocab_size, dtype=torch.float32, device=dev)
+
+    def _meta(self, bs: int) -> AttentionMetadata:
+        return AttentionMetadata(
+            slot_mapping=self.slot_mapping[:bs], query_start_loc=self.query_start_loc[: bs + 1],
+            seq_lens=self.seq_lens[:bs], block_tables=self.block_tables[:bs], num_decodes=bs,
+            max_query_len=1, max_seq_len=self.max_seq_len)
+
+    def _forward(self, bs: int) -> torch.Tensor:
+        r = self.runner
+        hidden = r.model(self.input_ids[:bs], self.positions[:bs], r.kv_caches, self._meta(bs), r.backend)
+        self.logits[:bs].copy_(r.model.compute_logits(hidden))
+
+    @classmethod
+    @torch.inference_mode()
+    def capture(cls, runner) -> CudaGraphs:
+        self = cls(runner, capture_sizes(runner.config.scheduler.max_num_seqs))
+        pool = None
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            for bs in reversed(self.sizes):  # largest first, so the smaller graphs reuse its memory pool
+                self._forward(bs)  # warm-up outside the graph: Triton compiles, workspaces get allocated
+                g = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(g, pool=pool, stream=stream):
+                    self._forward(bs)
+                pool = g.pool()
+                self.graphs[bs] = g
+        torch.cuda.current_stream().wait_stream(stream)
+        return self
+
+    def fits(self, batch: int) -> bool:
+        return batch <= self.sizes[-1]
+
+    def replay(self, x) -> torch.Tensor:
+        """x: StepInputs of a decode-only batch. Returns logits [padded batch, vocab]."""
+        B = len(x.q_lens)
+        bs = self.sizes[bisect.bisect_left(self.sizes, B)]
+        st = self._stage.numpy()
+        st[0, :B] = x.input_ids
+        st[1, :B] = x.positions
+        st[2, :B] = x.slot_mapping
+        st[2, B:bs] = -1
+        st[3, :B] = x.seq_lens
+        st[3, B:bs] = 0
+        nb = x.block_tables.shape[1]
+        bt = self._stage_bt.numpy()
+        bt[:B, :nb] = x.block_tables
+        dev = self.input_ids.device
+        staged = self._stage[:, :bs].to(dev, non_blocking=True)
+        self.input_ids[:bs].copy_(staged[0])
+        self.positions[:bs].copy_(staged[1])
+        self.slot_mapping[:bs].copy_(staged[2])
+        self.seq_lens[:bs].copy_(staged[3])
+        self.block_tables[:B, :nb].copy_(self._stage_bt[:B, :nb].to(dev, non_blocking=True))
+        self.graphs[bs].replay()
+        return self.logits[:bs]

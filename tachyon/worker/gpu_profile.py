@@ -1,0 +1,58 @@
+"""Size the GPU KV pool: measure the peak memory of the largest step, give the rest to KV blocks."""
+
+from __future__ import annotations
+
+import torch
+
+from tachyon.engine.request import Request
+from tachyon.engine.scheduler import ScheduledSeq
+from tachyon.outputs import RequestMetrics
+from tachyon.sampling_params import SamplingParams
+
+
+@torch.inference_mode()
+def profile_num_blocks(runner) -> int:
+    cfg = runner.config
+    bs = runner.block_size
+    tokens = cfg.scheduler.max_num_batched_tokens
+    n_seqs = max(1, min(cfg.scheduler.max_num_seqs, tokens))
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    torch.cuda.reset_peak_memory_stats()
+    # a scratch cache just big enough for the profile step
+    scratch_blocks = n_seqs * (-(-max(1, tokens // n_seqs) // bs)) + n_seqs + 2
+    runner.allocate_kv_cache(scratch_blocks)
+    reqs, seqs, next_block = [], [], 1
+    per = tokens // n_seqs
+    sp = SamplingParams(temperature=1.0, top_p=0.9, top_k=50)
+    for i in range(n_seqs):
+        n = per + (1 if i < tokens % n_seqs else 0)
+        if n == 0:
+            continue
+        nblocks = -(-n // bs)
+        r = Request(request_id=f"profile-{i}", group_id="profile", index=0, prompt_token_ids=[1] * n,
+                    sampling_params=sp, max_tokens=1, eos_token_ids=frozenset(), metrics=RequestMetrics(0.0))
+        r.block_ids = list(range(next_block, next_block + nblocks))
+        next_block += nblocks
+        reqs.append(r)
+        seqs.append(ScheduledSeq(r, n, True))
+    from tachyon.engine.scheduler import SchedulerOutput
+
+    runner.execute(SchedulerOutput(seqs=seqs))
+    torch.cuda.synchronize()
+    peak = torch.cuda.max_memory_allocated()
+    scratch = runner._kv.numel() * runner._kv.element_size()
+    runner._kv = None
+    runner.kv_caches = []
+    torch.cuda.empty_cache()
+    free, total = torch.cuda.mem_get_info()
+    non_torch = (total - free) - torch.cuda.memory_reserved()
+    budget = total * cfg.cache.gpu_memory_utilization - non_torch - (peak - scratch) - (256 << 20)  # graphs etc.
+    n = int(budget // runner.kv_bytes_per_block())
+    if n < 2:
+        raise ValueError(f"no GPU memory left for the KV cache after weights and activations (peak "
+                         f"{peak / 2**30:.1f} GiB of {total / 2**30:.1f}): raise gpu_memory_utilization or lower "
+                         f"max_num_batched_tokens")
+    runner.timings["profile_peak_gib"] = peak / 2**30
+    runner.timings["kv_cache_gib"] = n * runner.kv_bytes_per_block() / 2**30
+    return n
