@@ -82,16 +82,16 @@ def _set_fused(model, on: bool):
             m.act = silu_and_mul_ref
 
 
-def triton_vs_torch(model_dir: str, enforce_eager: bool) -> dict:
+def triton_vs_torch(model_dir: str, enforce_eager: bool, dtype: str = "bfloat16") -> dict:
     """Every step of a staggered workload (prefill chunks, prefix hits, decodes) runs twice from the same KV
     state: the pure-torch reference path, then the Triton path (CUDA graphs unless eager). Compare logits."""
     from tachyon.layers.attention import TorchAttentionBackend
 
-    llm = LLM(model=model_dir, dtype="bfloat16", max_num_batched_tokens=256, enforce_eager=enforce_eager,
+    llm = LLM(model=model_dir, dtype=dtype, max_num_batched_tokens=256, enforce_eager=enforce_eager,
               swap_space=0, gpu_memory_utilization=0.3, max_model_len=2048)
     runner = llm.engine.runner
     ref_backend = TorchAttentionBackend()
-    errs, kinds = [], {"mixed": 0, "decode_only": 0, "prefill_only": 0, "graph_steps": 0}
+    errs, argmax_same, kinds = [], [], {"mixed": 0, "decode_only": 0, "prefill_only": 0, "graph_steps": 0}
     captured = {}
     orig_sampler = runner.sampler
 
@@ -121,6 +121,7 @@ def triton_vs_torch(model_dir: str, enforce_eager: bool) -> dict:
         if ref is not None:
             got = captured["logits"][: ref.shape[0]]
             errs.append(((got - ref).norm() / ref.norm()).item())
+            argmax_same.append((got.argmax(-1) == ref.argmax(-1)).float().mean().item())
         return result
 
     runner.execute = execute
@@ -137,38 +138,51 @@ def triton_vs_torch(model_dir: str, enforce_eager: bool) -> dict:
         eng.step()
     eng.check_integrity()
     res = {"steps": len(errs), "max_rel_err": max(errs), "median_rel_err": sorted(errs)[len(errs) // 2],
-           "step_kinds": kinds, "prefix_hit_tokens": eng.kv.prefix_hits, "enforce_eager": enforce_eager}
-    del llm, eng, runner
+           "argmax_agreement": sum(argmax_same) / len(argmax_same),
+           "step_kinds": kinds, "prefix_hit_tokens": eng.kv.prefix_hits, "enforce_eager": enforce_eager, "dtype": dtype}
+    runner.execute = orig_execute  # break the closure's reference cycle so the engine can be freed
+    runner.sampler = orig_sampler
+    del llm, eng, runner, orig_execute, orig_sampler, execute, sampler
     gc.collect()
     torch.cuda.empty_cache()
     return res
 
 
-def greedy_vs_transformers(model_dir: str, hf_model) -> dict:
-    llm = LLM(model=model_dir, dtype="bfloat16", swap_space=0, gpu_memory_utilization=0.3, max_model_len=2048)
+def _hf_greedy(hf_model, prompts, new) -> list[list[int]]:
+    hf_model.generation_config.eos_token_id = None  # no EOS stop, no EOS masking: plain argmax decoding
+    outs = []
+    for p in prompts:
+        ids = torch.tensor([p], device="cuda")
+        with torch.no_grad():
+            o = hf_model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=new, do_sample=False,
+                                  pad_token_id=0)
+        outs.append(o[0, len(p):].tolist())
+    return outs
+
+
+def _agreement(a: list[list[int]], b: list[list[int]], new: int) -> dict:
+    firsts = [next((i for i, (x, y) in enumerate(zip(u, v)) if x != y), new) for u, v in zip(a, b)]
+    return {"exact_fraction": sum(u == v for u, v in zip(a, b)) / len(a),
+            "mean_tokens_before_first_divergence": sum(firsts) / len(firsts)}
+
+
+def greedy_vs_transformers(model_dir: str, hf_model, dtype: str, hf_ref: list[list[int]] | None = None) -> dict:
+    llm = LLM(model=model_dir, dtype=dtype, swap_space=0, gpu_memory_utilization=0.3, max_model_len=2048)
     rng = random.Random(1)
     prompts = [[rng.randrange(100, 30000) for _ in range(rng.randrange(65, 400))] for _ in range(48)]
     new = 32
     outs = llm.generate([{"prompt_token_ids": p} for p in prompts],
                         SamplingParams(temperature=0, max_tokens=new, ignore_eos=True))
-    exact, agree = 0, []
-    for p, o in zip(prompts, outs):
-        ref = []
-        with torch.no_grad():  # plain greedy with transformers' own KV cache, EOS ignored
-            step = hf_model(torch.tensor([p], device="cuda"), use_cache=True)
-            for _ in range(new):
-                ref.append(int(step.logits[0, -1].argmax()))
-                step = hf_model(torch.tensor([[ref[-1]]], device="cuda"), past_key_values=step.past_key_values,
-                                use_cache=True)
-        got = o.outputs[0].token_ids
-        exact += got == ref
-        k = next((i for i, (a, b) in enumerate(zip(got, ref)) if a != b), new)
-        agree.append(k)
+    got = [o.outputs[0].token_ids for o in outs]
     del llm
     gc.collect()
     torch.cuda.empty_cache()
-    return {"prompts": len(prompts), "new_tokens": new, "exact_fraction": exact / len(prompts),
-            "mean_tokens_before_first_divergence": sum(agree) / len(agree)}
+    ref = _hf_greedy(hf_model, prompts, new)
+    res = {"dtype": dtype, "prompts": len(prompts), "prompt_lens": "65..400", "new_tokens": new,
+           "tachyon_vs_transformers": _agreement(got, ref, new)}
+    if hf_ref is not None:
+        res["transformers_this_dtype_vs_transformers_fp32"] = _agreement(ref, hf_ref, new)
+    return res, ref
 
 
 def cmd_correctness(args) -> dict:
@@ -183,17 +197,24 @@ def cmd_correctness(args) -> dict:
     hf = transformers.LlamaForCausalLM(cfg).to("cuda", torch.bfloat16).eval()
     d = tempfile.mkdtemp()
     hf.save_pretrained(d)
-    for eager in (True, False):
+    for dtype in ("float32", "bfloat16"):
+        for eager in (True, False):
+            key = f"triton_vs_torch_{dtype}_{'eager' if eager else 'graphs'}"
+            try:
+                out[key] = triton_vs_torch(d, eager, dtype)
+            except Exception:
+                out[key] = {"error": traceback.format_exc()}
+            log(key, out[key])
+    hf32 = None
+    for dtype in ("float32", "bfloat16"):
+        key = f"greedy_vs_transformers_{dtype}"
         try:
-            out[f"triton_vs_torch_{'eager' if eager else 'graphs'}"] = triton_vs_torch(d, eager)
+            hf = hf.to(getattr(torch, dtype))
+            out[key], ref = greedy_vs_transformers(d, hf, dtype, hf32)
+            hf32 = ref if dtype == "float32" else hf32
         except Exception:
-            out[f"triton_vs_torch_{'eager' if eager else 'graphs'}"] = {"error": traceback.format_exc()}
-        log(out[f"triton_vs_torch_{'eager' if eager else 'graphs'}"])
-    try:
-        out["greedy_vs_transformers_bf16"] = greedy_vs_transformers(d, hf)
-    except Exception:
-        out["greedy_vs_transformers_bf16"] = {"error": traceback.format_exc()}
-    log(out["greedy_vs_transformers_bf16"])
+            out[key] = {"error": traceback.format_exc()}
+        log(key, out[key])
     return out
 
 
@@ -237,6 +258,24 @@ def run_single(llm, req) -> dict:
                 times.extend([t] * (n - n_prev))
                 n_prev = n
     return {"ttft_s": times[0], "decode_tok_s": (len(times) - 1) / (times[-1] - times[0]), "tokens": len(times)}
+
+
+def graph_replay_ms(llm, batch: int) -> float | None:
+    """GPU time of one decode CUDA-graph replay (no host work between replays): the step's device floor."""
+    g = llm.engine.runner.cuda_graphs
+    if g is None:
+        return None
+    bs = g.sizes[min(range(len(g.sizes)), key=lambda i: abs(g.sizes[i] - batch))]
+    graph = g.graphs[bs]
+    for _ in range(3):
+        graph.replay()
+    s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    s.record()
+    for _ in range(50):
+        graph.replay()
+    e.record()
+    e.synchronize()
+    return s.elapsed_time(e) / 50
 
 
 def step_profile(llm, batch: int, ctx: int, prefill_tokens: int) -> dict:
@@ -353,7 +392,9 @@ def cmd_perf(args) -> dict:
         best["bytes_per_step_GB"] = step_bytes / 1e9
         best["ceiling_tok_s"] = ceiling
         best["fraction_of_ceiling"] = best["decode_tok_s"] / ceiling
-        best["runs"] = r
+        best["runs"] = [dict(x) for x in r]
+        best["graph_replay_ms_batch1"] = graph_replay_ms(llm, 1)
+        best["step_ms"] = 1e3 / best["decode_tok_s"]
         out["single"] = best
         log("single", best)
         save()

@@ -30,8 +30,8 @@ def load_config(path: str) -> ModelConfig:
         from tachyon.models.gguf_loader import gguf_config
 
         return ModelConfig.from_dict(gguf_config(path))
-    if not os.path.isdir(path):
-        raise ValueError(f"{path!r} is neither a checkpoint directory nor a .gguf file")
+    if not (os.path.isdir(path) or path.endswith(".json")):
+        raise ValueError(f"{path!r} is neither a checkpoint directory, a config.json nor a .gguf file")
     return ModelConfig.from_file(path)
 
 

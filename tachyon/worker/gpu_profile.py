@@ -16,6 +16,9 @@ def profile_num_blocks(runner) -> int:
     bs = runner.block_size
     tokens = cfg.scheduler.max_num_batched_tokens
     n_seqs = max(1, min(cfg.scheduler.max_num_seqs, tokens))
+    import gc
+
+    gc.collect()  # engines dropped earlier in this process may still sit in reference cycles
     torch.cuda.synchronize()
     torch.cuda.empty_cache()
     torch.cuda.reset_peak_memory_stats()
