@@ -220,22 +220,19 @@ def cmd_correctness(args) -> dict:
 
 # -- performance ----------------------------------------------------------------------------------------------
 def run_offline(llm, reqs) -> dict:
-    """All requests at once; per-request first-token and finish times from the step loop."""
+    """All requests at once (no per-step outputs); first-token and finish times from the request metrics."""
     eng = llm.engine
     first, done = {}, {}
-    t0 = time.perf_counter()
+    t0 = time.monotonic()
     for i, r in enumerate(reqs):
         eng.add_request(f"p{i}", None, r.prompt_token_ids,
-                        SamplingParams(temperature=0, max_tokens=r.output_len, ignore_eos=True))
+                        SamplingParams(temperature=0, max_tokens=r.output_len, ignore_eos=True), stream=False)
     with torch.inference_mode():
         while eng.has_unfinished_requests():
-            outs = eng.step()
-            t = time.perf_counter() - t0
-            for o in outs:
-                if o.request_id not in first and o.outputs[0].token_ids:
-                    first[o.request_id] = t
+            for o in eng.step():
                 if o.finished:
-                    done[o.request_id] = t
+                    first[o.request_id] = o.metrics.first_token_time - t0
+                    done[o.request_id] = o.metrics.finished_time - t0
     dur = max(done.values())
     n_out = sum(r.output_len for r in reqs)
     n_in = sum(r.prompt_len for r in reqs)

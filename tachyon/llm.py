@@ -66,7 +66,7 @@ class LLM:
         order = []
         for text, ids, sp in requests:
             rid = f"gen-{next(self._ids)}"
-            self.engine.add_request(rid, text, ids, sp)
+            self.engine.add_request(rid, text, ids, sp, stream=False)
             order.append(rid)
         return self._run(order, use_tqdm)
 

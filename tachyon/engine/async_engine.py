@@ -82,7 +82,10 @@ class AsyncEngine:
                         self._push(rid, e)
                     return
                 if self.on_step is not None:
-                    self.on_step(outputs, time.perf_counter() - t0)
+                    try:
+                        self.on_step(outputs, time.perf_counter() - t0)
+                    except Exception:  # a metrics hook must never stop the engine
+                        logger.exception("on_step hook failed")
                 for out in outputs:
                     self._push(out.request_id, out)
 
@@ -101,7 +104,7 @@ class AsyncEngine:
     # -- requests ---------------------------------------------------------------------------------------
     @property
     def num_waiting(self) -> int:
-        return len(self.engine.scheduler.waiting) + len(self.engine._incoming)
+        return self.engine.num_waiting
 
     async def generate(self, request_id: str, prompt: str | None, prompt_token_ids: list[int],
                        params: SamplingParams) -> AsyncIterator[RequestOutput]:

@@ -28,6 +28,7 @@ class _Group:
     seqs: list[Request]
     metrics: RequestMetrics
     sampling_params: SamplingParams
+    stream: bool = True  # an output every step it gets a token; else only when it finishes
 
 
 class LLMEngine:
@@ -73,7 +74,7 @@ class LLMEngine:
         return max_tokens
 
     def add_request(self, request_id: str, prompt: str | None, prompt_token_ids: list[int],
-                    params: SamplingParams, arrival_time: float | None = None) -> None:
+                    params: SamplingParams, arrival_time: float | None = None, stream: bool = True) -> None:
         params.verify()
         max_tokens = self.validate(prompt_token_ids, params)
         if request_id in self.groups:
@@ -93,7 +94,8 @@ class LLMEngine:
                                                sp.stop_strings, sp.include_stop_str_in_output)
             seqs.append(seq)
         seqs[0].pending_forks = seqs[1:]
-        group = _Group(request_id, prompt, list(prompt_token_ids), seqs, RequestMetrics(arrival_time=now), params)
+        group = _Group(request_id, prompt, list(prompt_token_ids), seqs, RequestMetrics(arrival_time=now), params,
+                       stream)
         with self._lock:
             self.groups[request_id] = group
             self._incoming.append(group)
@@ -101,6 +103,11 @@ class LLMEngine:
     def abort_request(self, request_id: str) -> None:
         with self._lock:
             self._aborts.append(request_id)
+
+    @property
+    def num_waiting(self) -> int:
+        """Requests not yet running: in the scheduler's queue or not yet picked up by a step."""
+        return len(self.scheduler.waiting) + len(self._incoming)
 
     def has_unfinished_requests(self) -> bool:
         return bool(self.groups)
@@ -161,10 +168,11 @@ class LLMEngine:
             if done:
                 g.metrics.finished_time = max(s.metrics.finished_time or 0.0 for s in g.seqs)
                 del self.groups[g.request_id]
-            outputs.append(self._make_output(g))
+            if done or g.stream:
+                outputs.append(self._make_output(g, done))
         return outputs
 
-    def _make_output(self, g: _Group) -> RequestOutput:
+    def _make_output(self, g: _Group, finished: bool | None = None) -> RequestOutput:
         comps = []
         for s in g.seqs:
             comps.append(CompletionOutput(
@@ -172,9 +180,17 @@ class LLMEngine:
                 cumulative_logprob=s.cumulative_logprob if s.logprobs is not None else None,
                 logprobs=list(s.logprobs) if s.logprobs is not None else None,
                 finish_reason=s.status.value if s.is_finished else None, stop_reason=s.stop_reason))
-        g.metrics.num_preemptions = sum(s.metrics.num_preemptions for s in g.seqs)
+        m = g.metrics
+        m.num_preemptions = sum(s.metrics.num_preemptions for s in g.seqs)
+        scheduled = [s.metrics.first_scheduled_time for s in g.seqs if s.metrics.first_scheduled_time is not None]
+        m.first_scheduled_time = min(scheduled) if scheduled else None
+        last = [s.metrics.last_token_time for s in g.seqs if s.metrics.last_token_time is not None]
+        m.last_token_time = max(last) if last else None
+        if m.finished_time is None and all(s.is_finished for s in g.seqs):  # aborted
+            m.finished_time = max(s.metrics.finished_time or 0.0 for s in g.seqs) or None
         return RequestOutput(request_id=g.request_id, prompt=g.prompt, prompt_token_ids=g.prompt_token_ids,
-                             outputs=comps, finished=all(s.is_finished for s in g.seqs), metrics=g.metrics,
+                             outputs=comps, finished=all(s.is_finished for s in g.seqs) if finished is None
+                             else finished, metrics=g.metrics,
                              num_cached_tokens=g.seqs[0].num_cached_tokens)
 
     # -- introspection -------------------------------------------------------------------------------------

@@ -44,6 +44,7 @@ class Request:
     block_hashes: list[int] = field(default_factory=list)  # chained hashes of the full blocks of token_ids
     num_registered_blocks: int = 0  # leading blocks already offered to the prefix cache
     status: RequestStatus = RequestStatus.WAITING
+    is_finished: bool = False  # kept beside status: read several times per sequence per step
     stop_reason: int | str | None = None
     generator: torch.Generator | None = None
     logprobs: list[dict[int, float]] | None = None
@@ -73,10 +74,6 @@ class Request:
     @property
     def num_output_tokens(self) -> int:
         return len(self.token_ids) - self.num_prompt_tokens
-
-    @property
-    def is_finished(self) -> bool:
-        return self.status.finished
 
     def append_token(self, token_id: int) -> None:
         self.token_ids.append(token_id)

@@ -173,6 +173,7 @@ class Scheduler:
         if req.is_finished:
             return
         req.status = status
+        req.is_finished = True
         req.metrics.finished_time = time.monotonic()
         if req in self.running:
             self.running.remove(req)
@@ -183,5 +184,6 @@ class Scheduler:
         self.kv.free(req)
         for child in req.pending_forks:  # never started (the group was aborted): they end with their parent
             child.status = RequestStatus.FINISHED_ABORTED
+            child.is_finished = True
             child.metrics.finished_time = req.metrics.finished_time
         req.pending_forks = []

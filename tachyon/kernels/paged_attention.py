@@ -52,7 +52,7 @@ def _attend_tile(
     return acc, m_new, l_sum
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["seq_start", "num_q_blocks"])  # one compiled kernel whatever the batch mix
 def _prefill_kernel(
     q_ptr, kc_ptr, vc_ptr, out_ptr, bt_ptr, qsl_ptr, seq_lens_ptr,
     seq_start, num_q_blocks,

@@ -9,6 +9,7 @@ import argparse
 import logging
 import os
 import signal
+import threading
 
 logger = logging.getLogger("tachyon")
 
@@ -65,13 +66,22 @@ def run_server(args: argparse.Namespace) -> int:
         raise ValueError(f"--max-queued-requests={args.max_queued_requests}: it must be >= 1")
     app = build_app(args)
 
+    serving = app.state.serving
+
     class Server(uvicorn.Server):
+        """On SIGTERM: no new requests; running ones get --shutdown-timeout seconds, then are aborted (their
+        streams end with finish_reason "abort" and [DONE]); uvicorn's own timeout is only the backstop."""
+
         def handle_exit(self, sig, frame) -> None:
-            app.state.serving.draining = True  # new requests on open connections get 503 from now on
+            if not serving.draining:
+                serving.draining = True  # new requests on open connections get 503 from now on
+                timer = threading.Timer(args.shutdown_timeout, serving.abort_all)
+                timer.daemon = True
+                timer.start()
             super().handle_exit(sig, frame)
 
     config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.uvicorn_log_level,
-                            timeout_graceful_shutdown=args.shutdown_timeout, access_log=False)
+                            timeout_graceful_shutdown=args.shutdown_timeout + 5, access_log=False)
     # uvicorn re-raises SIGTERM once its graceful shutdown is done; by then we are finished: exit 0.
     signal.signal(signal.SIGTERM, lambda *_: None)
     logger.info("serving %s on http://%s:%d (OpenAI API under /v1, metrics at /metrics)",

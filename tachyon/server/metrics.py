@@ -58,7 +58,7 @@ class EngineCollector:
                                           labels=m), len(sched.running))
         yield self._one(GaugeMetricFamily("tachyon:num_requests_waiting", "Sequences waiting to be scheduled "
                                           "(including preempted ones).", labels=m),
-                        len(sched.waiting) + len(e._incoming))
+                        e.num_waiting)
         yield self._one(GaugeMetricFamily("tachyon:kv_cache_usage_perc", "Fraction of KV-cache blocks in use "
                                           "(1 = full).", labels=m), kv.usage)
         yield self._one(GaugeMetricFamily("tachyon:kv_cache_num_blocks", "KV-cache blocks in the pool.",
@@ -85,8 +85,8 @@ class _Seen:
     """What on_step remembers about a request between steps."""
 
     first_scheduled_time: float | None
-    last_token_time: float
-    num_tokens: int
+    num_tokens: dict[int, int]  # choice index -> tokens seen
+    last_token_time: dict[int, float]  # choice index -> when its last token came
 
 
 class ServerMetrics:
@@ -131,16 +131,19 @@ class ServerMetrics:
     def _on_step(self, outputs: list[RequestOutput], step_seconds: float) -> None:
         now = time.monotonic()
         for out in outputs:
-            n = sum(len(c.token_ids) for c in out.outputs)
             seen = self._seen.get(out.request_id)
             if seen is None:
-                seen = _Seen(self._first_scheduled(out, now - step_seconds, n), now, n)
+                n = sum(len(c.token_ids) for c in out.outputs)
+                seen = _Seen(self._first_scheduled(out, now - step_seconds, n), {}, {})
                 self._seen[out.request_id] = seen
-            elif n > seen.num_tokens:
-                gap = now - seen.last_token_time
-                for _ in range(n - seen.num_tokens):
-                    self.itl.observe(gap)
-                seen.last_token_time, seen.num_tokens = now, n
+            for c in out.outputs:  # inter-token latency per sequence: its first token is not one
+                n, before = len(c.token_ids), seen.num_tokens.get(c.index, 0)
+                if n > before:
+                    if before:
+                        gap = now - seen.last_token_time[c.index]
+                        for _ in range(n - before):
+                            self.itl.observe(gap)
+                    seen.num_tokens[c.index], seen.last_token_time[c.index] = n, now
             if out.finished:
                 del self._seen[out.request_id]
                 self._observe_finished(out, seen.first_scheduled_time, now)

@@ -107,6 +107,11 @@ class OpenAIServing:
         if self.draining:
             raise APIError(503, "the server is shutting down")
 
+    def abort_all(self) -> None:
+        """Abort every request in the engine (shutdown); thread-safe. Their streams end with "abort"."""
+        for request_id in list(self.engine.groups):
+            self.engine.abort_request(request_id)  # the loop is stepping while requests are live: no wake
+
     def _sampling_params(self, req, max_tokens: int | None, logprobs: int | None) -> SamplingParams:
         if req.best_of is not None and req.best_of != req.n:
             raise APIError(400, "best_of other than n is not supported", "best_of")
@@ -204,6 +209,12 @@ class OpenAIServing:
 
     # -- running ---------------------------------------------------------------------------------------
     async def _run(self, job: _Job, http: HTTPRequest) -> Response:
+        if job.params.max_tokens is None:  # "up to the context": but no further than the KV cache holds
+            longest = max(len(ids) for _, ids in job.prompts)
+            room = self.engine.kv.num_blocks * self.engine.kv.block_size - longest
+            if longest < self.engine.config.scheduler.max_model_len and 0 < room < (
+                    self.engine.config.scheduler.max_model_len - longest):
+                job.params.max_tokens = room
         self._admit(job.prompts, job.params)
         job.choices = [_Choice() for _ in range(len(job.prompts) * job.params.n)]
         streams = await self._start(job)
@@ -221,7 +232,7 @@ class OpenAIServing:
         """
         rids = [job.request_id] if len(job.prompts) == 1 else [f"{job.request_id}-{i}" for i in range(len(job.prompts))]
         started = []
-        for rid, (text, ids) in zip(rids, job.prompts):
+        for rid, (text, ids) in zip(rids, job.prompts, strict=True):
             gen = self.async_engine.generate(rid, text, ids, job.params)
             started.append((gen, asyncio.ensure_future(gen.__anext__())))
         await asyncio.sleep(0)  # each task's first step runs before we resume: the requests are in
@@ -363,7 +374,7 @@ class OpenAIServing:
         if job.logprobs is None or c.logprobs is None:
             return None
         tokens, token_logprobs, top, offsets, content = [], [], [], [], []
-        for tid, lp in zip(c.token_ids[start:], c.logprobs[start:]):
+        for tid, lp in zip(c.token_ids[start:], c.logprobs[start:], strict=False):
             s = self._token_str(tid)
             value = _finite(lp.get(tid, -math.inf))
             ranked = sorted(lp.items(), key=lambda kv: -kv[1])

@@ -163,9 +163,24 @@ class ModelRunner:
         from tachyon.worker.cuda_graphs import CudaGraphs
 
         t0 = time.perf_counter()
+        self._compile_decode_variants()
+        self.timings["kernel_warmup_s"] = time.perf_counter() - t0
+        t0 = time.perf_counter()
         self.cuda_graphs = CudaGraphs.capture(self)
         torch.cuda.synchronize()
         self.timings["cuda_graph_capture_s"] = time.perf_counter() - t0
+
+    def _compile_decode_variants(self) -> None:
+        """Eager steps pick the decode split count from the batch; compile every variant now, not mid-run."""
+        from tachyon.kernels.decode_attention import decode_attention
+
+        m = self.config.model
+        k_cache, v_cache = self.kv_caches[0]
+        q = torch.randn(1, m.num_heads, m.head_dim, dtype=self.dtype, device=self.device)
+        bt = torch.zeros(1, 4, dtype=torch.int32, device=self.device)
+        lens = torch.ones(1, dtype=torch.int32, device=self.device)
+        for splits in (1, 2, 4, 8, 16, 32, 64):
+            decode_attention(q, k_cache, v_cache, bt, lens, 1.0, 64, num_splits=splits)
 
     # -- swap space support --------------------------------------------------------------------------------
     def copy_blocks_to(self, src_ids: list[int], dst: torch.Tensor, dst_ids: list[int]) -> None:
