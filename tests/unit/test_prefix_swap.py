@@ -1,0 +1,81 @@
+"""Prefix caching and swap space never change greedy output; hit counts and swap traffic are exact."""
+
+from __future__ import annotations
+
+import pytest
+
+from tachyon import LLM, SamplingParams
+from tests.conftest import hf_greedy
+
+SYSTEM = ("You are a meticulous assistant. Answer briefly, cite no sources, and never use more than two "
+          "sentences. The user is a busy engineer who reads on a phone.")
+
+
+def _prompts(tok) -> list[list[int]]:
+    questions = ["What is a KV cache?", "Why batch requests?", "Define latency.", "What is a GPU?",
+                 "Explain paging in one line.", "What does TTFT mean?"]
+    return [tok.apply_chat_template([{"role": "system", "content": SYSTEM}, {"role": "user", "content": q}],
+                                    add_generation_prompt=True, tokenize=True)["input_ids"] for q in questions]
+
+
+def _run(llm: LLM, prompts, max_tokens=10):
+    outs = llm.generate([{"prompt_token_ids": p} for p in prompts],
+                        SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True))
+    llm.engine.check_integrity()
+    assert llm.engine.kv.num_free_blocks == llm.engine.kv.num_blocks
+    return [o.outputs[0].token_ids for o in outs]
+
+
+@pytest.fixture(scope="module")
+def reference(llm, hf_embedded):
+    prompts = _prompts(llm.get_tokenizer())
+    return prompts, [hf_greedy(hf_embedded, p, 10) for p in prompts]
+
+
+def test_prefix_caching_on_off_and_after_eviction(reference):
+    prompts, ref = reference
+    assert all(len(p) > 48 for p in prompts)
+    on = LLM(swap_space=0, num_kv_blocks=24)  # 23 usable blocks of 16: later prompts evict earlier blocks
+    assert _run(on, prompts) == ref
+    first_hits = on.engine.kv.prefix_hits
+    assert first_hits > 0, "the shared system prompt should hit"
+    assert _run(on, prompts) == ref  # again, from a warm cache
+    assert on.engine.kv.prefix_hits - first_hits >= sum(len(p) - 16 for p in prompts) - 16 * len(prompts)
+    _run(on, [list(range(3000, 3300))], max_tokens=2)  # 19 blocks: evicts most of the cached ones
+    assert on.engine.kv.pool.num_evictions > 0, "the filler should have evicted cached blocks"
+    assert _run(on, prompts) == ref  # after eviction
+    off = LLM(swap_space=0, num_kv_blocks=24, enable_prefix_caching=False)
+    assert _run(off, prompts) == ref
+    assert off.engine.kv.prefix_hits == 0 and off.engine.kv.pool.cached == {}
+
+
+def test_hit_counts_are_exact(llm):
+    kv = llm.engine.kv
+    base = list(range(2000, 2040))  # 40 tokens: 2 full blocks of 16 get cached
+    llm.generate({"prompt_token_ids": base}, SamplingParams(max_tokens=1))
+    q0, h0 = kv.prefix_queries, kv.prefix_hits
+    # shares 35 tokens: blocks 0 and 1 (32 tokens) hit
+    llm.generate({"prompt_token_ids": base[:35] + [7, 8, 9, 10, 11]}, SamplingParams(max_tokens=1))
+    assert (kv.prefix_queries - q0, kv.prefix_hits - h0) == (40, 32)
+    # exactly 32 tokens: the last token must be computed, so only block 0 may hit
+    q1, h1 = kv.prefix_queries, kv.prefix_hits
+    out = llm.generate({"prompt_token_ids": base[:32]}, SamplingParams(max_tokens=1))[0]
+    assert (kv.prefix_queries - q1, kv.prefix_hits - h1) == (32, 16)
+    assert out.num_cached_tokens == 16
+
+
+def test_swap_out_and_in_is_exact(reference):
+    prompts, ref = reference
+    llm = LLM(swap_space=0.05, num_kv_blocks=14, max_num_batched_tokens=64, enable_prefix_caching=False)
+    assert _run(llm, prompts) == ref
+    s = llm.engine.scheduler
+    assert s.num_swapped_out > 0, "the small pool should have swapped sequences out"
+    assert s.swapper.num_free_blocks == s.swapper.num_blocks and not s.swapper.held
+
+
+def test_recompute_when_swap_is_off(reference):
+    prompts, ref = reference
+    llm = LLM(swap_space=0, num_kv_blocks=14, max_num_batched_tokens=64, enable_prefix_caching=False)
+    assert _run(llm, prompts) == ref
+    s = llm.engine.scheduler
+    assert s.num_recomputed > 0 and s.num_swapped_out == 0
