@@ -16,6 +16,7 @@ import sys
 from tachyon.bench.workloads import NAMED, WorkloadSpec, parse_len
 
 RESULTS_DIR = os.path.join("benchmarks", "results")
+_PARSERS: dict[str, argparse.ArgumentParser] = {}
 
 
 # -- arguments ------------------------------------------------------------------------------------------------
@@ -44,6 +45,8 @@ def _add_backend_args(p: argparse.ArgumentParser, default: str | None) -> None:
     g.add_argument("--hf-attn", default="sdpa", help="hf: attn_implementation (sdpa, eager, flash_attention_2)")
     g.add_argument("--hf-compile", action="store_true", help="hf: torch.compile the forward (static cache)")
     g.add_argument("--num-warmups", type=int, default=1, help="requests run before timing starts")
+    g.add_argument("--interleave", action="store_true",
+                   help="load every backend at once and alternate them run by run (fair on a busy machine)")
     _add_http_args(p)
 
 
@@ -83,6 +86,7 @@ def add_bench_args(p: argparse.ArgumentParser) -> None:
 
     def common(name, help, default_backend, engine=True):
         sp = sub.add_parser(name, help=help)
+        _PARSERS[name] = sp
         _add_workload_args(sp)
         _add_backend_args(sp, default_backend)
         _add_report_args(sp)
@@ -174,11 +178,9 @@ def _concurrencies(args, spec: WorkloadSpec, command: str) -> list[int | None]:
 def _warm_up(backend, reqs, n: int) -> None:
     if n <= 0 or not reqs:
         return
-    from tachyon.bench.workloads import BenchRequest
-
     import random
 
-    from tachyon.bench.workloads import random_token_ids
+    from tachyon.bench.workloads import BenchRequest, random_token_ids
 
     rng = random.Random(-1)  # prompts of the same shape but not the workload's own (no cache hits)
     warm = [BenchRequest(random_token_ids(rng, r.prompt_len, backend.vocab_size), min(r.output_len, 8))
@@ -186,70 +188,143 @@ def _warm_up(backend, reqs, n: int) -> None:
     backend.run(warm)
 
 
-def run_backend(name: str, args, spec: WorkloadSpec, command: str, pcts, slos) -> tuple[list[dict], bool]:
-    """Load one backend and run every (concurrency, iteration) of the command on it."""
-    from tachyon.bench.backends import make_backend
+class _Slot:
+    """One backend's runs at one concurrency: the iterations pooled into one result."""
+
+    def __init__(self, name: str, label: str, c: int | None):
+        self.name, self.label, self.c = name, label, c
+        self.reqs = None
+        self.pooled, self.duration, self.repeats = [], 0.0, []
+        self.config, self.memory = None, None
+
+    def as_run(self, pcts, slos) -> dict:
+        from tachyon.bench.metrics import summarize
+
+        run = {"backend": self.name, "label": self.label, "concurrency": self.c, "num_requests": len(self.reqs),
+               "config": self.config, "memory": self.memory,
+               "metrics": summarize(self.pooled, self.duration, pcts, slos)}
+        if len(self.repeats) > 1:
+            run["repeats"] = self.repeats
+        return run
+
+
+class _Failed(Exception):
+    pass
+
+
+def _describe_error(name: str, e: Exception) -> str:
+    from tachyon.bench.backends.openai import ServerUnreachable
+
+    msg = str(e) if isinstance(e, (ServerUnreachable, ValueError, FileNotFoundError)) else f"{type(e).__name__}: {e}"
+    print(f"tachyon bench: backend {name} failed: {msg}", file=sys.stderr)
+    if os.environ.get("TACHYON_BENCH_TRACEBACK"):
+        import traceback
+
+        traceback.print_exc()
+    return msg
+
+
+def _prepare(backend, slot: _Slot, args, spec: WorkloadSpec, command: str) -> None:
+    c = slot.c
+    n = None
+    if command == "sweep":
+        n = c * args.prompts_per_concurrency
+        if slot.name == "hf" and not args.hf_batch_size:
+            backend.batch_size = c
+        if slot.name == "openai":
+            backend.max_concurrency = c
+    if slot.reqs is None:
+        slot.reqs = build_requests(spec, backend, n)
+        _warm_up(backend, slot.reqs, args.num_warmups)
+
+
+def _iterate(backend, slot: _Slot, args, spec, command, it: int, iters: int, pcts, slos) -> bool:
+    """One timed iteration into the slot; True if it was interrupted."""
     from tachyon.bench.metrics import summarize
 
-    runs: list[dict] = []
-    label = args.label or name
-    backend = make_backend(name, args)
+    _prepare(backend, slot, args, spec, command)
+    bar = _progress(args, len(slot.reqs), slot.label + (f" @{slot.c}" if slot.c is not None else "")
+                    + (f" [{it + 1}/{iters}]" if iters > 1 else ""))
+    rr = backend.run(slot.reqs, bar)
+    if bar is not None:
+        bar.close()
+    slot.pooled.extend(rr.results)
+    slot.duration += rr.duration
+    one = summarize(rr.results, rr.duration, pcts, slos, rr.t0)
+    slot.repeats.append({k: one.get(k) for k in ("duration", "completed", "output_throughput", "median_ttft_ms",
+                                                 "median_decode_tok_s") if k in one})
+    slot.config, slot.memory = backend.config(), backend.memory()
+    return rr.interrupted
+
+
+def run_all(names: list[str], args, spec: WorkloadSpec, command: str, pcts, slos) -> tuple[list[dict], bool]:
+    """Run every (backend, concurrency, iteration) of the command.
+
+    One backend at a time by default (load, run everything, free it). With --interleave every backend is
+    loaded at once and they take turns run by run, so a machine whose load drifts (a shared CI box) biases
+    none of them.
+    """
+    from tachyon.bench.backends import make_backend
+
+    cs = _concurrencies(args, spec, command)
+    iters = getattr(args, "num_iters", 1) or 1
+    labels = {n: (args.label or n) if len(names) == 1 else n for n in names}
+    slots = {(n, c): _Slot(n, labels[n], c) for n in names for c in cs}
+    errors: dict[str, str] = {}
+    loaded: dict[str, object] = {}
     interrupted = False
+
+    def load(n):
+        b = make_backend(n, args)
+        loaded[n] = b
+        b.load()
+        return b
+
+    def free(n):
+        b = loaded.pop(n, None)
+        if b is not None:
+            b.close()
+        gc.collect()
+
+    def attempt(n, fn):
+        if n in errors:
+            return False
+        try:
+            return fn()
+        except KeyboardInterrupt:
+            raise
+        except Exception as e:
+            errors[n] = _describe_error(n, e)
+            free(n)
+            return False
+
+    def run_one(n, c, it) -> bool:
+        return attempt(n, lambda: _iterate(loaded[n], slots[(n, c)], args, spec, command, it, iters, pcts, slos))
+
     try:
-        backend.load()
-        iters = getattr(args, "num_iters", 1) or 1
-        for c in _concurrencies(args, spec, command):
-            n = None
-            if command == "sweep":
-                n = c * args.prompts_per_concurrency
-                if name == "hf" and not args.hf_batch_size:
-                    backend.batch_size = c
-                if name == "openai":
-                    backend.max_concurrency = c
-            reqs = build_requests(spec, backend, n)
-            _warm_up(backend, reqs, args.num_warmups)
-            pooled, duration, repeats = [], 0.0, []
-            for it in range(iters):
-                bar = _progress(args, len(reqs), f"{label}" + (f" @{c}" if c is not None else "")
-                                + (f" [{it + 1}/{iters}]" if iters > 1 else ""))
-                rr = backend.run(reqs, bar)
-                if bar is not None:
-                    bar.close()
-                pooled.extend(rr.results)
-                duration += rr.duration
-                one = summarize(rr.results, rr.duration, pcts, slos, rr.t0)
-                repeats.append({k: one.get(k) for k in ("duration", "completed", "output_throughput",
-                                                       "median_ttft_ms", "median_decode_tok_s") if k in one})
-                if rr.interrupted:
-                    interrupted = True
-                    break
-            run = {"backend": name, "label": label, "concurrency": c, "num_requests": len(reqs),
-                   "config": backend.config(), "memory": backend.memory(),
-                   "metrics": summarize(pooled, duration, pcts, slos)}
-            if iters > 1:
-                run["repeats"] = repeats
-            runs.append(run)
-            if interrupted:
-                break
+        if getattr(args, "interleave", False):
+            for n in names:
+                attempt(n, lambda n=n: load(n) and False)
+            for c in cs:
+                for it in range(iters):
+                    for n in names:
+                        if n in loaded and run_one(n, c, it):
+                            raise KeyboardInterrupt
+        else:
+            for n in names:
+                attempt(n, lambda n=n: load(n) and False)
+                for c in cs:
+                    for it in range(iters):
+                        if n in loaded and run_one(n, c, it):
+                            raise KeyboardInterrupt
+                free(n)
     except KeyboardInterrupt:
         interrupted = True
-    except Exception as e:
-        from tachyon.bench.backends.openai import ServerUnreachable
-
-        if isinstance(e, (ServerUnreachable, ValueError, FileNotFoundError)):
-            msg = str(e)
-        else:
-            msg = f"{type(e).__name__}: {e}"
-        print(f"tachyon bench: backend {name} failed: {msg}", file=sys.stderr)
-        if os.environ.get("TACHYON_BENCH_TRACEBACK"):
-            import traceback
-
-            traceback.print_exc()
-        runs.append({"backend": name, "label": label, "error": msg})
     finally:
-        backend.close()
-        del backend
-        gc.collect()
+        for n in list(loaded):
+            free(n)
+    runs = [slots[(n, c)].as_run(pcts, slos) for n in names for c in cs if slots[(n, c)].pooled]
+    runs += [{"backend": n, "label": labels[n], "error": msg} for n, msg in errors.items()]
     return runs, interrupted
 
 
@@ -314,12 +389,45 @@ def _plot_title(result: dict) -> str:
     return f"tachyon bench {result['command']} - {result['workload']['name']} - {where}"
 
 
+def reconstruct_argv(args, command: str) -> str:
+    """The command line, from sys.argv when this process is `tachyon`, else from the parsed flags."""
+    import shlex
+
+    from tachyon.bench.env import command_line
+
+    if sys.argv and (os.path.basename(sys.argv[0]) == "tachyon" or sys.argv[0].endswith(os.path.join("tachyon", "cli.py"))):
+        return command_line()
+    parts = ["tachyon", "bench", command]
+    sp = _PARSERS.get(command)
+    for action in (sp._actions if sp else []):
+        if not action.option_strings or action.dest == "help":
+            continue
+        v = getattr(args, action.dest, None)
+        if v == action.default or v is None:
+            continue
+        flag = next((o for o in action.option_strings if o.startswith("--") and not o.startswith("--no-")),
+                    action.option_strings[0])
+        if v is True:
+            parts.append(flag)
+        elif v is False:
+            parts.append(flag.replace("--", "--no-", 1))
+        elif isinstance(v, list):
+            if isinstance(action, argparse._AppendAction):
+                for x in v:
+                    parts += [flag, str(x)]
+            else:
+                parts += [flag, *map(str, v)]
+        else:
+            parts += [flag, f"{v[0]}:{v[1]}" if isinstance(v, tuple) else str(v)]
+    return shlex.join(parts)
+
+
 def base_result(args, command: str, spec: WorkloadSpec | None) -> dict:
-    from tachyon.bench.env import command_line, environment, iso_now, loadavg, timestamp
+    from tachyon.bench.env import environment, iso_now, loadavg, timestamp
     from tachyon.bench.metrics import parse_percentiles
 
     return {
-        "tachyon_bench": 1, "command": command, "argv": command_line(), "date": iso_now(), "stamp": timestamp(),
+        "tachyon_bench": 1, "command": command, "argv": reconstruct_argv(args, command), "date": iso_now(), "stamp": timestamp(),
         "workload": {"name": spec.name if spec else None, "spec": spec.describe() if spec else None},
         "env": environment(), "load": {"before": loadavg(), "note": getattr(args, "load_note", None)},
         "percentiles": parse_percentiles(args.percentiles), "runs": [], "interrupted": False,
@@ -338,6 +446,7 @@ def cmd_offline(args, command: str) -> int:
         from tachyon.bench.workloads import load_jsonl
 
         load_jsonl(spec.jsonl, spec.output_len if isinstance(spec.output_len, int) else None)
+    _concurrencies(args, spec, command)  # bad flags fail before any model loads
     if getattr(args, "enable_prefix_caching", False) is None:
         args.enable_prefix_caching = spec.prefix_len > 0
     backends = args.backend or (["openai"] if command == "serve" or args.base_url else ["tachyon"])
@@ -345,12 +454,7 @@ def cmd_offline(args, command: str) -> int:
         raise ValueError("`bench serve` talks HTTP: use --backend openai (the default) with --base-url")
     result = base_result(args, command, spec)
     result["percentiles"] = pcts
-    for name in backends:
-        runs, interrupted = run_backend(name, args, spec, command, pcts, slos)
-        result["runs"].extend(runs)
-        if interrupted:
-            result["interrupted"] = True
-            break
+    result["runs"], result["interrupted"] = run_all(backends, args, spec, command, pcts, slos)
     return _finish(result, args, "concurrency" if command == "sweep" else None)
 
 

@@ -83,7 +83,7 @@ def environment() -> dict:
 
 def command_line(argv: list[str] | None = None) -> str:
     argv = list(sys.argv if argv is None else argv)
-    if argv and argv[0].endswith(("tachyon", "__main__.py")):
+    if argv and argv[0].endswith(("tachyon", "cli.py")):
         argv[0] = "tachyon"
     return shlex.join(argv)
 

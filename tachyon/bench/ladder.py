@@ -102,7 +102,7 @@ def run_step(name: str, flags: list[str], args, tmpdir: str) -> dict:
     m, mem = run["metrics"], run.get("memory", {})
     step.update(tok_s=m["output_throughput"], total_tok_s=m["total_token_throughput"],
                 median_ttft_ms=m["median_ttft_ms"],
-                memory_gib=mem.get("gpu_peak_allocated_gib", mem.get("cpu_peak_rss_gib")),
+                memory_gib=mem.get("gpu_peak_allocated_gib", mem.get("process_peak_rss_gib")),
                 memory_kind="GPU peak allocated" if "gpu_peak_allocated_gib" in mem else "CPU peak RSS",
                 config=run.get("config"), metrics=m)
     return step

@@ -45,7 +45,7 @@ class RequestResult:
     @property
     def itl(self) -> list[float]:
         t = self.token_times
-        return [b - a for a, b in zip(t, t[1:])]
+        return [b - a for a, b in zip(t, t[1:], strict=False)]
 
     @property
     def decode_tok_s(self) -> float | None:

@@ -22,7 +22,7 @@ def plot_concurrency(series: dict[str, list[dict]], path: str, title: str = "") 
     panels = [("output_throughput", "output tok/s"), ("median_ttft_ms", "median TTFT (ms)"),
               ("p99_e2el_ms", "P99 E2E latency (ms)")]
     fig, axes = plt.subplots(1, 3, figsize=(15, 4.5))
-    for ax, (key, ylabel) in zip(axes, panels):
+    for ax, (key, ylabel) in zip(axes, panels, strict=False):
         for label, runs in series.items():
             pts = sorted((r["concurrency"], r["metrics"].get(key)) for r in runs
                          if r.get("metrics") and r.get("concurrency") is not None and r["metrics"].get(key)
@@ -48,7 +48,7 @@ def plot_bars(runs: list[dict], path: str, title: str = "") -> str:
     plt = _plt()
     labels = [r["label"] for r in runs]
     fig, axes = plt.subplots(1, 2, figsize=(max(8, 1.6 * len(runs) + 4), 4.5))
-    for ax, (key, ylabel) in zip(axes, [("output_throughput", "output tok/s"), ("median_ttft_ms", "median TTFT (ms)")]):
+    for ax, (key, ylabel) in zip(axes, [("output_throughput", "output tok/s"), ("median_ttft_ms", "median TTFT (ms)")], strict=False):
         vals = [(r.get("metrics") or {}).get(key) or 0.0 for r in runs]
         ax.bar(range(len(runs)), vals)
         ax.set_xticks(range(len(runs)), labels, rotation=30, ha="right", fontsize=8)
@@ -70,7 +70,7 @@ def plot_ladder(steps: list[dict], path: str, title: str = "") -> str:
     for ax, key, ylabel in [(axes[0], "tok_s", "output tok/s"), (axes[1], "memory_gib", "peak memory (GiB)")]:
         vals = [s.get(key) or 0.0 for s in steps]
         top = max(vals) if any(vals) else 1.0
-        for i, (s, v) in enumerate(zip(steps, vals)):
+        for i, (s, v) in enumerate(zip(steps, vals, strict=False)):
             if s.get("error"):
                 ax.bar(i, top * 0.05, color="white", edgecolor="red", hatch="//")
                 if ax is axes[0]:

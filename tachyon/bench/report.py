@@ -86,9 +86,9 @@ def table(runs: list[dict], percentiles: list[float], title: str = "Benchmark re
     w0 = max(len(lab) for _, lab in keys) + 2
     ws = [max(12, len(h) + 2) for h in heads]
     width = w0 + sum(ws)
-    lines = [f"{' ' + title + ' ':=^{width}}", "".ljust(w0) + "".join(h.rjust(w) for h, w in zip(heads, ws))]
+    lines = [f"{' ' + title + ' ':=^{width}}", "".ljust(w0) + "".join(h.rjust(w) for h, w in zip(heads, ws, strict=False))]
     for k, lab in keys:
-        lines.append(lab.ljust(w0) + "".join(_fmt(r["metrics"].get(k)).rjust(w) for r, w in zip(runs, ws)))
+        lines.append(lab.ljust(w0) + "".join(_fmt(r["metrics"].get(k)).rjust(w) for r, w in zip(runs, ws, strict=False)))
     lines.append("=" * width)
     return "\n".join(lines)
 

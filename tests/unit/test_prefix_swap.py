@@ -18,7 +18,7 @@ def _prompts(tok) -> list[list[int]]:
                                     add_generation_prompt=True, tokenize=True)["input_ids"] for q in questions]
 
 
-def _run(llm: LLM, prompts, max_tokens=10):
+def _run(llm: LLM, prompts, max_tokens=16):
     outs = llm.generate([{"prompt_token_ids": p} for p in prompts],
                         SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True))
     llm.engine.check_integrity()
@@ -29,7 +29,7 @@ def _run(llm: LLM, prompts, max_tokens=10):
 @pytest.fixture(scope="module")
 def reference(llm, hf_embedded):
     prompts = _prompts(llm.get_tokenizer())
-    return prompts, [hf_greedy(hf_embedded, p, 10) for p in prompts]
+    return prompts, [hf_greedy(hf_embedded, p, 16) for p in prompts]
 
 
 def test_prefix_caching_on_off_and_after_eviction(reference):
@@ -66,16 +66,18 @@ def test_hit_counts_are_exact(llm):
 
 def test_swap_out_and_in_is_exact(reference):
     prompts, ref = reference
-    llm = LLM(swap_space=0.05, num_kv_blocks=14, max_num_batched_tokens=64, enable_prefix_caching=False)
-    assert _run(llm, prompts) == ref
+    llm = LLM(swap_space=0.05, num_kv_blocks=14, max_num_batched_tokens=256, enable_prefix_caching=False)
     s = llm.engine.scheduler
+    s.swapper.min_swap_tokens = 16  # these prompts are short: swap even small sequences
+    assert _run(llm, prompts) == ref
+    assert s.num_preemptions > 0
     assert s.num_swapped_out > 0, "the small pool should have swapped sequences out"
     assert s.swapper.num_free_blocks == s.swapper.num_blocks and not s.swapper.held
 
 
 def test_recompute_when_swap_is_off(reference):
     prompts, ref = reference
-    llm = LLM(swap_space=0, num_kv_blocks=14, max_num_batched_tokens=64, enable_prefix_caching=False)
+    llm = LLM(swap_space=0, num_kv_blocks=14, max_num_batched_tokens=256, enable_prefix_caching=False)
     assert _run(llm, prompts) == ref
     s = llm.engine.scheduler
     assert s.num_recomputed > 0 and s.num_swapped_out == 0

@@ -63,7 +63,8 @@ class Backend:
 
 
 def peak_memory() -> dict:
-    """Peak GPU memory allocated by torch (GPU), or peak resident memory of this process (CPU)."""
+    """Peak GPU memory allocated by torch, and the peak resident memory of this whole process (every backend
+    it ran so far: `ladder` runs each step in its own process for a per-step figure)."""
     out = {}
     try:
         import torch
@@ -75,7 +76,7 @@ def peak_memory() -> dict:
     try:
         import resource
 
-        out["cpu_peak_rss_gib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+        out["process_peak_rss_gib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
     except Exception:
         pass
     return out

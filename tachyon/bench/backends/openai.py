@@ -213,7 +213,7 @@ class OpenAIBackend(Backend):
         async with httpx.AsyncClient(limits=limits, timeout=timeout) as client:
             t0_box.append(now())
             tasks = []
-            for r, res, gap in zip(reqs, results, gaps):
+            for r, res, gap in zip(reqs, results, gaps, strict=False):
                 if gap:
                     await asyncio.sleep(gap)
                 tasks.append(asyncio.create_task(limited(client, r, res)))
