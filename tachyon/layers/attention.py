@@ -15,7 +15,7 @@ at slot block_tables[i, p // block_size] * block_size + p % block_size of each l
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
@@ -33,6 +33,8 @@ class AttentionMetadata:
     # host copies for the reference backend's per-sequence loop
     query_lens_cpu: list[int] | None = None
     seq_lens_cpu: list[int] | None = None
+    # index tensors the reference backend builds at the first layer and reuses for the others
+    ref_cache: dict = field(default_factory=dict, repr=False)
 
 
 def write_kv_ref(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
@@ -46,53 +48,77 @@ def write_kv_ref(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cach
     v_cache.view(nb * bs, h, d).index_copy_(0, slot_mapping, v.to(v_cache.dtype))
 
 
-def gather_kv_ref(cache: torch.Tensor, block_table: torch.Tensor, length: int) -> torch.Tensor:
-    """The first `length` tokens of one sequence's K or V: [length, Hkv, D]."""
-    bs = cache.shape[1]
-    nblocks = (length + bs - 1) // bs
-    return cache[block_table[:nblocks].long()].flatten(0, 1)[:length]
+def _ref_indices(meta: AttentionMetadata, block_size: int, device) -> dict:
+    """Flat cache slots of every context token, built once per step (all layers share them).
 
-
-def paged_attention_ref(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                        meta: AttentionMetadata, scale: float) -> torch.Tensor:
-    """Reference attention: gathers each sequence's pages and runs SDPA (causal with an offset)."""
-    T, Hq, D = q.shape
-    Hkv = k_cache.shape[2]
-    out = torch.empty_like(q)
+    decodes:  slots [nd, L] padded with slot 0 (the null block) + mask [nd, 1, 1, L], or for one
+              decode just its L slots (no mask needed: one query sees every key);
+    prefills: per sequence, the slots of its sl context tokens.
+    """
+    c = meta.ref_cache
+    if c:
+        return c
     q_lens = meta.query_lens_cpu
     s_lens = meta.seq_lens_cpu
     if q_lens is None:
         q_lens = (meta.query_start_loc[1:] - meta.query_start_loc[:-1]).tolist()
     if s_lens is None:
         s_lens = meta.seq_lens.tolist()
+    c["q_lens"], c["s_lens"] = q_lens, s_lens
     nd = meta.num_decodes
-    if nd > 0:
-        # Decodes batched: pad each context to the longest one and mask the tail.
+    bt = meta.block_tables.long()
+    offs = torch.arange(block_size, device=device)
+
+    def slots(i: int, length: int) -> torch.Tensor:
+        nblocks = (length + block_size - 1) // block_size
+        return (bt[i, :nblocks, None] * block_size + offs).flatten()[:length]
+
+    if nd == 1:
+        c["decode_slots"] = slots(0, s_lens[0])
+    elif nd > 1:
         max_len = max(s_lens[:nd])
-        bs = k_cache.shape[1]
-        nblocks = (max_len + bs - 1) // bs
-        bt = meta.block_tables[:nd, :nblocks].long()
-        kk = k_cache[bt].flatten(1, 2)[:, :max_len]  # [nd, L, Hkv, D]
-        vv = v_cache[bt].flatten(1, 2)[:, :max_len]
-        lens = torch.tensor(s_lens[:nd], device=q.device)
-        mask = torch.arange(max_len, device=q.device)[None, :] < lens[:, None]  # [nd, L]
-        qd = q[:nd].unsqueeze(2)  # [nd, Hq, 1, D]
-        o = F.scaled_dot_product_attention(
-            qd, kk.transpose(1, 2).to(q.dtype), vv.transpose(1, 2).to(q.dtype),
-            attn_mask=mask[:, None, None, :], scale=scale, enable_gqa=Hq != Hkv)
+        pad = torch.zeros(nd, max_len, dtype=torch.long, device=device)
+        for i in range(nd):
+            pad[i, : s_lens[i]] = slots(i, s_lens[i])
+        lens = torch.tensor(s_lens[:nd], device=device)
+        c["decode_slots"] = pad
+        c["decode_mask"] = (torch.arange(max_len, device=device)[None, :] < lens[:, None])[:, None, None, :]
+    c["prefill_slots"] = [slots(i, s_lens[i]) for i in range(nd, len(q_lens))]
+    return c
+
+
+def paged_attention_ref(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                        meta: AttentionMetadata, scale: float) -> torch.Tensor:
+    """Reference attention: gathers each sequence's context from the pages and runs SDPA."""
+    T, Hq, D = q.shape
+    nb, bs, Hkv, _ = k_cache.shape
+    gqa = Hq != Hkv
+    c = _ref_indices(meta, bs, q.device)
+    k_flat, v_flat = k_cache.view(nb * bs, Hkv, D), v_cache.view(nb * bs, Hkv, D)
+    out = torch.empty_like(q)
+    nd = meta.num_decodes
+    if nd == 1:
+        k = k_flat[c["decode_slots"]].transpose(0, 1).to(q.dtype)  # [Hkv, L, D]
+        v = v_flat[c["decode_slots"]].transpose(0, 1).to(q.dtype)
+        out[0] = F.scaled_dot_product_attention(q[0].unsqueeze(1), k, v, scale=scale, enable_gqa=gqa).squeeze(1)
+    elif nd > 1:
+        kk = k_flat[c["decode_slots"]].transpose(1, 2).to(q.dtype)  # [nd, Hkv, L, D]
+        vv = v_flat[c["decode_slots"]].transpose(1, 2).to(q.dtype)
+        o = F.scaled_dot_product_attention(q[:nd].unsqueeze(2), kk, vv, attn_mask=c["decode_mask"], scale=scale,
+                                           enable_gqa=gqa)
         out[:nd] = o.squeeze(2)
     start = nd
-    for i in range(nd, len(q_lens)):
-        ql, sl = q_lens[i], s_lens[i]
+    for i, ctx in enumerate(c["prefill_slots"]):
+        ql, sl = c["q_lens"][nd + i], c["s_lens"][nd + i]
         qi = q[start:start + ql].transpose(0, 1)  # [Hq, ql, D]
-        ki = gather_kv_ref(k_cache, meta.block_tables[i], sl).transpose(0, 1).to(q.dtype)
-        vi = gather_kv_ref(v_cache, meta.block_tables[i], sl).transpose(0, 1).to(q.dtype)
+        ki = k_flat[ctx].transpose(0, 1).to(q.dtype)
+        vi = v_flat[ctx].transpose(0, 1).to(q.dtype)
         if ql == sl:
-            o = F.scaled_dot_product_attention(qi, ki, vi, is_causal=True, scale=scale, enable_gqa=Hq != Hkv)
+            o = F.scaled_dot_product_attention(qi, ki, vi, is_causal=True, scale=scale, enable_gqa=gqa)
         else:
             # query j sits at position sl - ql + j and sees keys 0 .. sl - ql + j
             mask = torch.arange(sl, device=q.device)[None, :] <= (sl - ql + torch.arange(ql, device=q.device))[:, None]
-            o = F.scaled_dot_product_attention(qi, ki, vi, attn_mask=mask, scale=scale, enable_gqa=Hq != Hkv)
+            o = F.scaled_dot_product_attention(qi, ki, vi, attn_mask=mask, scale=scale, enable_gqa=gqa)
         out[start:start + ql] = o.transpose(0, 1)
         start += ql
     return out
