@@ -34,7 +34,7 @@ def test_queue_limit_answers_429(cli_server):
 
     results = asyncio.run(main())
     statuses = [r.status_code for r, _ in results]
-    assert set(statuses) <= {200, 429} and statuses.count(429) >= 1 and statuses.count(200) >= 2, statuses
+    assert set(statuses) <= {200, 429} and statuses.count(429) >= 1 and statuses.count(200) >= 1, statuses
     slowest_ok = max(dt for r, dt in results if r.status_code == 200)
     for r, dt in results:
         if r.status_code == 429:
