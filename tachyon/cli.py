@@ -51,8 +51,9 @@ def _add_sampling_args(p: argparse.ArgumentParser, temperature: float) -> None:
     p.add_argument("--seed-sampling", type=int, default=None, help="per-request sampling seed")
 
 
-def _stream(engine, rid: str, out=sys.stdout) -> "RequestOutput":  # noqa: F821
+def _stream(engine, rid: str, out=None) -> "RequestOutput":  # noqa: F821
     """Step the engine until request rid finishes, printing its text as it grows."""
+    out = out or sys.stdout
     shown = 0
     final = None
     while final is None:
