@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import importlib
 import os
 import sys
 
@@ -168,33 +169,19 @@ def build_parser() -> argparse.ArgumentParser:
     _add_sampling_args(p, temperature=0.7)
     p.set_defaults(func=cmd_chat)
 
-    try:
-        from tachyon.server.cli import add_serve_args
-    except ImportError:
-        add_serve_args = None
-    p = sub.add_parser("serve", help="OpenAI-compatible HTTP server")
-    add_engine_args(p)
-    if add_serve_args is not None:
-        add_serve_args(p)
-    p.set_defaults(func=cmd_serve)
-
-    try:
-        from tachyon.bench.cli import add_bench_args
-    except ImportError:
-        add_bench_args = None
-    p = sub.add_parser("bench", help="benchmarks: latency, throughput, serve, sweep, ladder")
-    if add_bench_args is not None:
-        add_bench_args(p)
-    p.set_defaults(func=cmd_bench)
-
-    try:
-        from tachyon.plan import add_plan_args
-    except ImportError:
-        add_plan_args = None
-    p = sub.add_parser("plan", help="capacity planner: weights, KV bytes per token, max concurrent sequences")
-    if add_plan_args is not None:
-        add_plan_args(p)
-    p.set_defaults(func=cmd_plan)
+    # Each layer adds its own flags; its module is imported here only for its argument definitions.
+    for name, module, adder, func, helptext, engine in (
+        ("serve", "tachyon.server.cli", "add_serve_args", cmd_serve, "OpenAI-compatible HTTP server", True),
+        ("bench", "tachyon.bench.cli", "add_bench_args", cmd_bench,
+         "benchmarks: latency, throughput, serve, sweep, ladder", False),
+        ("plan", "tachyon.plan", "add_plan_args", cmd_plan,
+         "capacity planner: weights, KV bytes per token, max concurrent sequences", False),
+    ):
+        p = sub.add_parser(name, help=helptext)
+        if engine:
+            add_engine_args(p)
+        getattr(importlib.import_module(module), adder)(p)
+        p.set_defaults(func=func)
     return parser
 
 
