@@ -53,7 +53,7 @@ class SwapSpace:
     def swap_in(self, req: Request, kv: KVCacheManager) -> list[int]:
         cpu = self.held.pop(req)
         dev = [kv.pool.allocate().block_id for _ in cpu]
-        req.block_ids = dev
+        req.block_ids = list(dev)  # the scheduler appends to the table; the copy list must not grow with it
         self._pending_in.append((cpu, dev))
         self.free_ids.extend(reversed(cpu))
         return dev

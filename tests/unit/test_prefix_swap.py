@@ -64,9 +64,10 @@ def test_hit_counts_are_exact(llm):
     assert out.num_cached_tokens == 16
 
 
-def test_swap_out_and_in_is_exact(reference):
+@pytest.mark.parametrize("num_blocks", [10, 14])
+def test_swap_out_and_in_is_exact(reference, num_blocks):
     prompts, ref = reference
-    llm = LLM(swap_space=0.05, num_kv_blocks=14, max_num_batched_tokens=256, enable_prefix_caching=False)
+    llm = LLM(swap_space=0.05, num_kv_blocks=num_blocks, max_num_batched_tokens=256, enable_prefix_caching=False)
     s = llm.engine.scheduler
     s.swapper.min_swap_tokens = 16  # these prompts are short: swap even small sequences
     assert _run(llm, prompts) == ref
