@@ -93,7 +93,8 @@ class ModelRunner:
         for i, s in enumerate(ordered):
             block_tables[i, : len(s.req.block_ids)] = s.req.block_ids
         if num_decodes == S:  # the common case: one token each, no per-token Python loop
-            input_ids = np.fromiter((s.req.token_ids[-1] for s in ordered), dtype=np.int64, count=S)
+            input_ids = np.fromiter((s.req.token_ids[s.req.num_computed_tokens] for s in ordered), dtype=np.int64,
+                                    count=S)
             positions = starts
         else:
             input_ids = np.empty(T, dtype=np.int64)
