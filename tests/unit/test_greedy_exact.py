@@ -94,3 +94,12 @@ def test_chat_applies_template_and_stops_at_eos(llm):
     assert out.outputs[0].finish_reason == "stop"
     tok = llm.get_tokenizer()
     assert tok.decode(out.prompt_token_ids).startswith("<|im_start|>system")
+
+
+def test_one_token_prefill_chunks(tmp_path):
+    """A budget of 2 tokens: while one sequence decodes, the other's prompt goes in one token per step."""
+    hf = make_tiny_checkpoint("llama", str(tmp_path))
+    llm = LLM(model=str(tmp_path), max_num_batched_tokens=2, swap_space=0)
+    prompts = [[11, 12, 13], list(range(40, 60))]
+    got = _run_staggered(llm, prompts, [12, 6])
+    assert got == [hf_greedy(hf, p, n) for p, n in zip(prompts, [12, 6])]
