@@ -142,10 +142,7 @@ def triton_vs_torch(model_dir: str, enforce_eager: bool, dtype: str = "bfloat16"
            "step_kinds": kinds, "prefix_hit_tokens": eng.kv.prefix_hits, "enforce_eager": enforce_eager, "dtype": dtype}
     runner.execute = orig_execute  # break the closure's reference cycle so the engine can be freed
     runner.sampler = orig_sampler
-    del llm, eng, runner, orig_execute, orig_sampler, execute, sampler
-    gc.collect()
-    torch.cuda.empty_cache()
-    return res
+    return res  # the caller collects the engine once this frame is gone
 
 
 def _hf_greedy(hf_model, prompts, new) -> list[list[int]]:
@@ -204,6 +201,8 @@ def cmd_correctness(args) -> dict:
                 out[key] = triton_vs_torch(d, eager, dtype)
             except Exception:
                 out[key] = {"error": traceback.format_exc()}
+            gc.collect()
+            torch.cuda.empty_cache()
             log(key, out[key])
     hf32 = None
     for dtype in ("float32", "bfloat16"):

@@ -40,7 +40,7 @@ def main(path: str) -> None:
             v = VLLM[f"prefix_{mode}"]
             rows.append((f"prefix {mode}: all first tokens s", p["time_to_all_first_tokens_s"], v["time_to_all_first_tokens_s"]))
             rows.append((f"prefix {mode}: out tok/s", p["output_tok_s"], v["out_tok_s"]))
-    lines = [f"# Tachyon on one H200, llama3-8b (random bf16 weights)", "",
+    lines = ["# Tachyon on one H200, llama3-8b (random bf16 weights)", "",
              f"Source: `{os.path.basename(path)}` ({d.get('command', '')}); {d['env']}", "",
              f"Copy bandwidth measured in the same run: {d['copy_bandwidth_TBps']:.3f} TB/s (read + write).", ""]
     if s:

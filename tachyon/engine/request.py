@@ -20,10 +20,6 @@ class RequestStatus(enum.Enum):
     FINISHED_LENGTH = "length"
     FINISHED_ABORTED = "abort"
 
-    @property
-    def finished(self) -> bool:
-        return self in (RequestStatus.FINISHED_STOPPED, RequestStatus.FINISHED_LENGTH, RequestStatus.FINISHED_ABORTED)
-
 
 @dataclass(eq=False)
 class Request:

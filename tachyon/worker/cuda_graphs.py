@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import bisect
 
-import numpy as np
 import torch
 
 from tachyon.layers.attention import AttentionMetadata
