@@ -8,6 +8,7 @@ from collections.abc import Sequence
 import torch
 
 from tachyon.engine.args import EngineArgs
+from tachyon.engine.chat import encode_chat
 from tachyon.outputs import RequestOutput
 from tachyon.sampling_params import SamplingParams
 
@@ -96,10 +97,4 @@ class LLM:
         return self.generate(prompts, sampling_params, use_tqdm=use_tqdm)
 
     def encode_chat(self, messages: list[dict], add_generation_prompt: bool = True) -> list[int]:
-        tok = self.engine.tokenizer
-        if tok is None or not getattr(tok, "chat_template", None):
-            raise ValueError("this model has no chat template: use generate() with a plain prompt")
-        ids = tok.apply_chat_template(messages, add_generation_prompt=add_generation_prompt, tokenize=True)
-        if hasattr(ids, "keys"):  # transformers 5 returns a BatchEncoding
-            ids = ids["input_ids"]
-        return list(ids)
+        return encode_chat(self.engine.tokenizer, messages, add_generation_prompt)

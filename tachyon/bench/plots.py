@@ -54,12 +54,7 @@ def plot_bars(runs: list[dict], path: str, title: str = "") -> str:
         ax.set_xticks(range(len(runs)), labels, rotation=30, ha="right", fontsize=8)
         ax.set_ylabel(ylabel)
         ax.grid(True, axis="y", alpha=0.3)
-    if title:
-        fig.suptitle(title, fontsize=10)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _save(plt, fig, path, title)
 
 
 def plot_ladder(steps: list[dict], path: str, title: str = "") -> str:
@@ -82,14 +77,18 @@ def plot_ladder(steps: list[dict], path: str, title: str = "") -> str:
         ax.set_ylabel(ylabel)
         ax.grid(True, axis="y", alpha=0.3)
     axes[1].set_xticks(range(n), [s["name"] for s in steps], rotation=30, ha="right", fontsize=8)
+    return _save(plt, fig, path, title)
+
+
+def _wrap(text: str, width: int) -> str:
+    text = text[:3 * width]
+    return "\n".join(text[i:i + width] for i in range(0, len(text), width))
+
+
+def _save(plt, fig, path: str, title: str) -> str:
     if title:
         fig.suptitle(title, fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
-
-
-def _wrap(text: str, width: int) -> str:
-    text = text[:3 * width]
-    return "\n".join(text[i:i + width] for i in range(0, len(text), width))

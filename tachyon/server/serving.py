@@ -24,6 +24,7 @@ from starlette.requests import Request as HTTPRequest
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from tachyon.engine.async_engine import AsyncEngine, EngineDeadError, QueueFullError
+from tachyon.engine.chat import encode_chat
 from tachyon.outputs import CompletionOutput, RequestOutput
 from tachyon.sampling_params import SamplingParams
 from tachyon.server.errors import APIError, error_body, from_value_error
@@ -188,8 +189,7 @@ class OpenAIServing:
         return await self._run(job, http)
 
     def _apply_chat_template(self, req: ChatCompletionRequest) -> list[int]:
-        tok = self.tokenizer
-        if tok is None or not getattr(tok, "chat_template", None):
+        if self.tokenizer is None or not getattr(self.tokenizer, "chat_template", None):
             raise APIError(400, "this model has no chat template: use /v1/completions", "messages")
         messages = []
         for m in req.messages:
@@ -200,12 +200,9 @@ class OpenAIServing:
                 msg["name"] = m.name
             messages.append(msg)
         try:
-            ids = tok.apply_chat_template(messages, add_generation_prompt=req.add_generation_prompt, tokenize=True)
+            return encode_chat(self.tokenizer, messages, req.add_generation_prompt)
         except Exception as e:  # jinja raises on conversations the template rejects
             raise APIError(400, f"the chat template rejected the messages: {e}", "messages") from None
-        if hasattr(ids, "keys"):  # transformers 5 returns a BatchEncoding
-            ids = ids["input_ids"]
-        return list(ids)
 
     # -- running ---------------------------------------------------------------------------------------
     async def _run(self, job: _Job, http: HTTPRequest) -> Response:

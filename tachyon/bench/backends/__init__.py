@@ -8,10 +8,12 @@ when asked for, so `bench latency --backend hf` needs neither fastapi nor httpx.
 from __future__ import annotations
 
 import time
+from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 
 from tachyon.bench.metrics import RequestResult
 from tachyon.bench.workloads import BenchRequest
+from tachyon.engine.chat import encode_chat
 
 BACKENDS = ("tachyon", "hf", "openai")
 
@@ -25,32 +27,28 @@ class RunResult:
     extra: dict = field(default_factory=dict)
 
 
-class Backend:
+class Backend(ABC):
     name = "base"
 
     def load(self) -> None:
         """Build the model; records `startup_s`."""
 
     @property
-    def vocab_size(self) -> int:
-        raise NotImplementedError
+    @abstractmethod
+    def vocab_size(self) -> int: ...
 
     @property
     def tokenizer(self):
         return None
 
     def chat_ids(self, message: str) -> list[int]:
-        tok = self.tokenizer
-        if tok is None or not getattr(tok, "chat_template", None):
-            raise ValueError(f"backend {self.name}: the model has no chat template for a chat workload")
-        ids = tok.apply_chat_template([{"role": "user", "content": message}], add_generation_prompt=True,
-                                      tokenize=True)
-        if hasattr(ids, "keys"):
-            ids = ids["input_ids"]
-        return list(ids)
+        try:
+            return encode_chat(self.tokenizer, [{"role": "user", "content": message}])
+        except ValueError as e:
+            raise ValueError(f"backend {self.name}: {e} (a chat workload needs one)") from None
 
-    def run(self, reqs: list[BenchRequest], progress=None) -> RunResult:
-        raise NotImplementedError
+    @abstractmethod
+    def run(self, reqs: list[BenchRequest], progress=None) -> RunResult: ...
 
     def config(self) -> dict:
         return {}
