@@ -220,24 +220,67 @@ def cmd_correctness(args) -> dict:
 
 # -- performance ----------------------------------------------------------------------------------------------
 def run_offline(llm, reqs) -> dict:
-    """All requests at once (no per-step outputs); first-token and finish times from the request metrics."""
+    """All requests at once (no per-step outputs); first-token and finish times from the request metrics.
+    Also splits the wall time by step kind (decode-only vs steps with prefill tokens)."""
     eng = llm.engine
     first, done = {}, {}
+    steps = {"decode": [0, 0.0, 0], "mixed": [0, 0.0, 0]}  # count, seconds, tokens
+    sched = eng.scheduler
+    orig = sched.schedule
+
+    def schedule():
+        out = orig()
+        kind = "decode" if all(x.num_new_tokens == 1 for x in out.seqs) else "mixed"
+        schedule.kind, schedule.tokens = kind, sum(x.num_new_tokens for x in out.seqs)
+        return out
+
+    sched.schedule = schedule
     t0 = time.monotonic()
     for i, r in enumerate(reqs):
         eng.add_request(f"p{i}", None, r.prompt_token_ids,
                         SamplingParams(temperature=0, max_tokens=r.output_len, ignore_eos=True), stream=False)
-    with torch.inference_mode():
-        while eng.has_unfinished_requests():
-            for o in eng.step():
-                if o.finished:
-                    first[o.request_id] = o.metrics.first_token_time - t0
-                    done[o.request_id] = o.metrics.finished_time - t0
+    try:
+        with torch.inference_mode():
+            while eng.has_unfinished_requests():
+                ts = time.monotonic()
+                for o in eng.step():
+                    if o.finished:
+                        first[o.request_id] = o.metrics.first_token_time - t0
+                        done[o.request_id] = o.metrics.finished_time - t0
+                st = steps[schedule.kind]
+                st[0] += 1
+                st[1] += time.monotonic() - ts
+                st[2] += schedule.tokens
+    finally:
+        del sched.schedule
     dur = max(done.values())
     n_out = sum(r.output_len for r in reqs)
     n_in = sum(r.prompt_len for r in reqs)
     return {"requests": len(reqs), "duration_s": dur, "output_tok_s": n_out / dur, "total_tok_s": (n_in + n_out) / dur,
-            "mean_ttft_s": sum(first.values()) / len(first), "time_to_all_first_tokens_s": max(first.values())}
+            "mean_ttft_s": sum(first.values()) / len(first), "time_to_all_first_tokens_s": max(first.values()),
+            "steps": {k: {"count": c, "seconds": round(t, 3), "tokens": n, "ms_per_step": round(1e3 * t / max(c, 1), 3)}
+                      for k, (c, t, n) in steps.items()}}
+
+
+def graph_kernel_profile(llm, batch: int) -> dict:
+    """Per-kernel GPU time inside one decode CUDA-graph replay (what a decode step of this batch runs)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    g = llm.engine.runner.cuda_graphs
+    graph = g.graphs[g.sizes[min(range(len(g.sizes)), key=lambda i: abs(g.sizes[i] - batch))]]
+    graph.replay()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        graph.replay()
+        torch.cuda.synchronize()
+    rows = []
+    for ev in prof.key_averages():
+        t = getattr(ev, "device_time_total", None) or getattr(ev, "cuda_time_total", 0)
+        if t > 0 and ev.key:
+            rows.append((ev.key[:90], t / 1e3, ev.count))
+    rows.sort(key=lambda r: -r[1])
+    return {"batch": batch, "total_kernel_ms": sum(r[1] for r in rows), "num_kernels": sum(r[2] for r in rows),
+            "kernels": [{"name": k, "ms": round(ms, 4), "count": c} for k, ms, c in rows[:25]]}
 
 
 def run_single(llm, req) -> dict:
@@ -371,7 +414,9 @@ def cmd_perf(args) -> dict:
     params = sum(p.numel() * p.element_size() for p in runner.model.parameters())
     embed = runner.model.embed_tokens.weight.numel() * 2
     out["weight_bytes"] = params
+    out["gemv_tuning"] = getattr(runner, "gemv_report", None)
     log("startup", out["startup_s"], runner.timings, "blocks", out["num_kv_blocks"])
+    log("gemv", json.dumps(out["gemv_tuning"]))
     vocab = 128256
 
     def save():
@@ -391,6 +436,10 @@ def cmd_perf(args) -> dict:
         best["fraction_of_ceiling"] = best["decode_tok_s"] / ceiling
         best["runs"] = [dict(x) for x in r]
         best["graph_replay_ms_batch1"] = graph_replay_ms(llm, 1)
+        try:
+            best["graph_kernels_batch1"] = graph_kernel_profile(llm, 1)
+        except Exception:
+            best["graph_kernels_batch1"] = {"error": traceback.format_exc()}
         best["step_ms"] = 1e3 / best["decode_tok_s"]
         out["single"] = best
         log("single", best)
@@ -400,8 +449,10 @@ def cmd_perf(args) -> dict:
         for c in [1, 4, 16, 64, 256]:
             spec = NAMED["sweep"]
             spec.num_prompts = c
-            reqs = build(spec, vocab)
-            out["sweep"][str(c)] = run_offline(llm, reqs)
+            spec.seed = 1000 + c  # warm-up at this batch size: other prompts, so the prefix cache gives nothing
+            run_offline(llm, [type(r)(r.prompt_token_ids, 8) for r in build(spec, vocab)])
+            spec.seed = c  # fresh prompts per concurrency
+            out["sweep"][str(c)] = run_offline(llm, build(spec, vocab))
             log("sweep", c, out["sweep"][str(c)])
         save()
     if "throughput" in wl:

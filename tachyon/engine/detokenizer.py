@@ -31,6 +31,8 @@ class IncrementalDetokenizer:
 
     def add_token(self, token_id: int) -> str:
         """Append one token; return the newly completed text (may be empty)."""
+        if self.tokenizer is None:  # token ids only: there is no text to build
+            return ""
         self.ids.append(token_id)
         prefix = self._decode(self.ids[self.prefix_offset:self.read_offset])
         full = self._decode(self.ids[self.prefix_offset:])

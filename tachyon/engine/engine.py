@@ -151,20 +151,22 @@ class LLMEngine:
         self.stats["steps"] += 1
         self.stats["generation_tokens"] += len(got)
         touched: dict[str, _Group] = {}
+        has_text = self.tokenizer is not None
         for req in got:
-            new = req.detok.add_token(req.token_ids[-1])
-            if not req.is_finished and req.num_output_tokens >= req.sampling_params.min_tokens:
-                hit = req.detok.find_stop(len(new))
-                if hit is not None:
-                    req.stop_reason = hit
-                    self.scheduler.finish(req, RequestStatus.FINISHED_STOPPED)
+            if has_text:
+                new = req.detok.add_token(req.token_ids[-1])
+                if not req.is_finished and req.num_output_tokens >= req.sampling_params.min_tokens:
+                    hit = req.detok.find_stop(len(new))
+                    if hit is not None:
+                        req.stop_reason = hit
+                        self.scheduler.finish(req, RequestStatus.FINISHED_STOPPED)
             g = self.groups.get(req.group_id)
             if g is not None:
                 touched[g.request_id] = g
         for g in touched.values():
             if g.metrics.first_token_time is None:
                 g.metrics.first_token_time = min(s.metrics.first_token_time or float("inf") for s in g.seqs)
-            done = all(s.is_finished for s in g.seqs)
+            done = g.seqs[0].is_finished if len(g.seqs) == 1 else all(s.is_finished for s in g.seqs)
             if done:
                 g.metrics.finished_time = max(s.metrics.finished_time or 0.0 for s in g.seqs)
                 del self.groups[g.request_id]

@@ -160,6 +160,8 @@ class KVCacheManager:
 
     def allocate(self, req: Request, num_new_tokens: int, shared_blocks: list[int] = ()) -> bool:
         """Give req the blocks for num_new_tokens more tokens (after taking shared_blocks as its prefix)."""
+        if not shared_blocks and req.num_computed_tokens + num_new_tokens <= len(req.block_ids) * self.block_size:
+            return True  # the common decode step: the token's slot is in a block it already holds
         if not self.can_allocate(req, num_new_tokens, shared_blocks):
             return False
         for b in shared_blocks:

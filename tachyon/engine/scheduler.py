@@ -128,7 +128,8 @@ class Scheduler:
             req.num_computed_tokens += s.num_new_tokens
             if req.is_finished:  # aborted while the step ran
                 continue
-            self.kv.cache_computed_blocks(req)
+            if req.num_computed_tokens >= (req.num_registered_blocks + 1) * self.kv.block_size:
+                self.kv.cache_computed_blocks(req)  # a block just filled up
             if not s.sample:
                 continue
             token = sampled[req]
@@ -144,14 +145,14 @@ class Scheduler:
 
     def _check_token_stop(self, req: Request, token: int) -> None:
         sp = req.sampling_params
-        n_out = req.num_output_tokens
+        n_out = len(req.token_ids) - len(req.prompt_token_ids)
         if n_out >= sp.min_tokens:
             if not sp.ignore_eos and token in req.eos_token_ids:
                 return self.finish(req, RequestStatus.FINISHED_STOPPED)
             if token in sp.stop_token_ids:
                 req.stop_reason = token
                 return self.finish(req, RequestStatus.FINISHED_STOPPED)
-        if n_out >= req.max_tokens or req.num_tokens >= self.config.max_model_len:
+        if n_out >= req.max_tokens or len(req.token_ids) >= self.config.max_model_len:
             self.finish(req, RequestStatus.FINISHED_LENGTH)
 
     def _fork(self, parent: Request) -> None:

@@ -167,6 +167,14 @@ class ModelRunner:
         self._compile_decode_variants()
         self.timings["kernel_warmup_s"] = time.perf_counter() - t0
         t0 = time.perf_counter()
+        from tachyon.kernels.gemv import tune_linears
+
+        from tachyon.worker.cuda_graphs import capture_sizes
+
+        # small-batch linears: the skinny-GEMM kernel where it beats cuBLAS on these very weights
+        self.gemv_report = tune_linears(self.model, capture_sizes(self.config.scheduler.max_num_seqs))
+        self.timings["gemv_tune_s"] = time.perf_counter() - t0
+        t0 = time.perf_counter()
         self.cuda_graphs = CudaGraphs.capture(self)
         torch.cuda.synchronize()
         self.timings["cuda_graph_capture_s"] = time.perf_counter() - t0

@@ -1,0 +1,168 @@
+"""Skinny GEMM (y = x @ W.T + b for a handful of rows): the decode step of a small batch.
+
+With 1 to 16 tokens a linear layer only has to stream its weight once, so its time is the weight's bytes over
+the memory bandwidth. cuBLAS picks GEMM tiles for these shapes that leave bandwidth unused; this kernel gives
+each program a strip of BLOCK_N output features and walks K with wide, coalesced loads of W.
+
+`tune_linears` times this kernel against `F.linear` on the model's own weights (all layers in turn, as a
+decode step reads them, so nothing is served from L2) for each row count a CUDA graph is captured at, and
+installs it only where it measures faster: a layer never gets slower than cuBLAS.
+"""
+
+from __future__ import annotations
+
+import types
+
+import torch
+import torch.nn.functional as F
+import triton
+import triton.language as tl
+
+# (BLOCK_N, BLOCK_K, num_warps, num_stages): the candidates the tuner times on the device
+CONFIGS = [(8, 512, 4, 4), (16, 256, 4, 4), (16, 512, 8, 3), (32, 256, 4, 4), (32, 128, 4, 6), (64, 128, 8, 4)]
+MAX_ROWS = 16  # the largest row count this kernel is considered for
+
+
+@triton.jit
+def _gemv_kernel(
+    x_ptr, w_ptr, b_ptr, y_ptr,
+    M, N, K, stride_xm, stride_wn, stride_ym,
+    HAS_BIAS: tl.constexpr, ONE_ROW: tl.constexpr, M_PAD: tl.constexpr, IEEE: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    offs_n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
+    mask_n = offs_n < N
+    offs_k = tl.arange(0, BLOCK_K)
+    w_rows = w_ptr + offs_n.to(tl.int64)[:, None] * stride_wn
+    if ONE_ROW:
+        acc = tl.zeros((BLOCK_N,), dtype=tl.float32)
+        for k0 in range(0, K, BLOCK_K):
+            kk = k0 + offs_k
+            mask_k = kk < K
+            w = tl.load(w_rows + kk[None, :], mask=mask_n[:, None] & mask_k[None, :], other=0.0)
+            x = tl.load(x_ptr + kk, mask=mask_k, other=0.0)
+            acc += tl.sum(w.to(tl.float32) * x.to(tl.float32)[None, :], axis=1)
+        if HAS_BIAS:
+            acc += tl.load(b_ptr + offs_n, mask=mask_n, other=0.0).to(tl.float32)
+        tl.store(y_ptr + offs_n, acc.to(y_ptr.dtype.element_ty), mask=mask_n)
+    else:
+        offs_m = tl.arange(0, M_PAD)
+        mask_m = offs_m < M
+        acc = tl.zeros((BLOCK_N, M_PAD), dtype=tl.float32)
+        for k0 in range(0, K, BLOCK_K):
+            kk = k0 + offs_k
+            mask_k = kk < K
+            w = tl.load(w_rows + kk[None, :], mask=mask_n[:, None] & mask_k[None, :], other=0.0)
+            x = tl.load(x_ptr + offs_m[:, None] * stride_xm + kk[None, :], mask=mask_m[:, None] & mask_k[None, :],
+                        other=0.0)
+            if IEEE:  # fp32 weights: no tf32 rounding
+                acc = tl.dot(w, tl.trans(x), acc, input_precision="ieee")
+            else:
+                acc = tl.dot(w, tl.trans(x), acc)
+        if HAS_BIAS:
+            acc += tl.load(b_ptr + offs_n, mask=mask_n, other=0.0).to(tl.float32)[:, None]
+        y = y_ptr + offs_m[None, :] * stride_ym + offs_n[:, None]
+        tl.store(y, acc.to(y_ptr.dtype.element_ty), mask=mask_n[:, None] & mask_m[None, :])
+
+
+def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
+         config: tuple[int, int, int, int] = (16, 256, 4, 4), out: torch.Tensor | None = None) -> torch.Tensor:
+    """x [M, K] (M <= 16) @ weight [N, K].T (+ bias [N]) -> [M, N] in x's dtype, accumulated in fp32."""
+    M, K = x.shape
+    N = weight.shape[0]
+    if M > MAX_ROWS:
+        raise ValueError(f"gemv handles at most {MAX_ROWS} rows, got {M}: use F.linear")
+    if weight.shape[1] != K:
+        raise ValueError(f"x has {K} columns but the weight has {weight.shape[1]}")
+    if x.stride(-1) != 1:
+        x = x.contiguous()
+    if weight.stride(-1) != 1:
+        weight = weight.contiguous()
+    y = out if out is not None else torch.empty(M, N, dtype=x.dtype, device=x.device)
+    if M == 0:
+        return y
+    block_n, block_k, warps, stages = config
+    if M > 1:
+        block_n = max(block_n, 16)  # tl.dot's smallest tile
+    _gemv_kernel[(triton.cdiv(N, block_n),)](
+        x, weight, bias if bias is not None else weight, y,
+        M, N, K, x.stride(0), weight.stride(0), y.stride(0),
+        HAS_BIAS=bias is not None, ONE_ROW=M == 1, M_PAD=16, IEEE=x.dtype == torch.float32, BLOCK_N=block_n,
+        BLOCK_K=min(block_k, max(triton.next_power_of_2(K), 16)), num_warps=warps, num_stages=stages,
+    )
+    return y
+
+
+def row_bucket(m: int) -> int:
+    """The tuned row count that covers m rows: 1, 2, 4, 8 or 16."""
+    return 1 if m <= 1 else triton.next_power_of_2(m)
+
+
+def _forward(self: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
+    if x.dim() == 2 and x.shape[0] <= MAX_ROWS:
+        cfg = self.gemv_configs.get(row_bucket(x.shape[0]))
+        if cfg is not None:
+            return gemv(x, self.weight, self.bias, cfg)
+    return F.linear(x, self.weight, self.bias)
+
+
+def use_gemv(linear: torch.nn.Linear, configs: dict[int, tuple[int, int, int, int]]) -> None:
+    """Route this layer's calls with up to 16 rows to `gemv` (per row bucket: config, absent = cuBLAS)."""
+    linear.gemv_configs = dict(configs)
+    linear.forward = types.MethodType(_forward, linear)
+
+
+def _time_ms(fn, reps: int = 5) -> float:
+    fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(reps):
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        s.record()
+        fn()
+        e.record()
+        e.synchronize()
+        times.append(s.elapsed_time(e))
+    return sorted(times)[len(times) // 2]
+
+
+@torch.inference_mode()
+def tune_linears(model: torch.nn.Module, row_counts: list[int]) -> dict:
+    """Time cuBLAS and every config on the model's linear layers (grouped by shape, run over all layers of
+    that shape in turn) for each row bucket; install the faster. Returns {shape: {rows: (choice, ms...)}}."""
+    groups: dict[tuple, list[torch.nn.Linear]] = {}
+    for mod in model.modules():
+        if isinstance(mod, torch.nn.Linear) and mod.weight.is_cuda:
+            key = (mod.out_features, mod.in_features, mod.bias is not None, mod.weight.dtype)
+            groups.setdefault(key, []).append(mod)
+    report = {}
+    buckets = sorted({row_bucket(m) for m in row_counts if m <= MAX_ROWS})
+    for (N, K, has_bias, dtype), mods in groups.items():
+        chosen = {}
+        rep = {}
+        for m in buckets:
+            x = torch.randn(m, K, dtype=dtype, device=mods[0].weight.device)
+
+            def run_all(cfg):
+                for mod in mods:
+                    if cfg is None:
+                        F.linear(x, mod.weight, mod.bias)
+                    else:
+                        gemv(x, mod.weight, mod.bias, cfg)
+
+            base = _time_ms(lambda: run_all(None))
+            best, best_ms = None, base
+            for cfg in CONFIGS:
+                ms = _time_ms(lambda cfg=cfg: run_all(cfg))
+                if ms < best_ms * 0.98:  # a clear win only
+                    best, best_ms = cfg, ms
+            if best is not None:
+                chosen[m] = best
+            gb = N * K * x.element_size() * len(mods) / 1e9
+            rep[m] = {"cublas_ms": round(base, 4), "best_ms": round(best_ms, 4), "config": best,
+                      "cublas_TBps": round(gb / base, 3), "best_TBps": round(gb / best_ms, 3)}
+        for mod in mods:
+            use_gemv(mod, chosen)
+        report[f"{N}x{K}{'+bias' if has_bias else ''} x{len(mods)}"] = rep
+    return report

@@ -1,0 +1,69 @@
+import pytest
+import torch
+import torch.nn.functional as F
+
+from tachyon.kernels.gemv import CONFIGS, gemv, row_bucket, tune_linears, use_gemv
+
+TOL = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 8e-3}
+
+
+@pytest.mark.parametrize("m", [1, 3, 8, 16])
+@pytest.mark.parametrize("n,k", [(40, 96), (33, 300)])  # N and K not multiples of any block
+@pytest.mark.parametrize("bias", [False, True])
+def test_gemv_matches_linear(dtype, device, rel_err, m, n, k, bias):
+    torch.manual_seed(m * 7 + n)
+    x = torch.randn(m, k).to(device=device, dtype=dtype)
+    w = (torch.randn(n, k) / k ** 0.5).to(device=device, dtype=dtype)
+    b = torch.randn(n).to(device=device, dtype=dtype) if bias else None
+    ref = F.linear(x.float(), w.float(), b.float() if bias else None)
+    for cfg in (CONFIGS[0], CONFIGS[3]) if device == "cpu" else CONFIGS:
+        out = gemv(x, w, b, cfg)
+        assert out.shape == (m, n) and out.dtype == dtype
+        assert rel_err(out, ref) <= TOL[dtype], cfg
+
+
+def test_gemv_strided_rows_and_out(device, rel_err):
+    x = torch.randn(4, 64, device=device)[:, :48]  # row stride 64
+    w = torch.randn(24, 48, device=device)
+    out = torch.full((4, 24), float("nan"), device=device)
+    gemv(x, w, out=out)
+    assert rel_err(out, F.linear(x, w)) <= 1e-5
+
+
+def test_gemv_rejects_bad_shapes(device):
+    with pytest.raises(ValueError, match="at most 16 rows"):
+        gemv(torch.randn(17, 8, device=device), torch.randn(4, 8, device=device))
+    with pytest.raises(ValueError, match="columns"):
+        gemv(torch.randn(2, 8, device=device), torch.randn(4, 9, device=device))
+
+
+def test_row_bucket():
+    assert [row_bucket(m) for m in (1, 2, 3, 4, 5, 8, 9, 16)] == [1, 2, 4, 4, 8, 8, 16, 16]
+
+
+def test_use_gemv_routes_small_batches_only(device, rel_err, monkeypatch):
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(64, 40).to(device)
+    calls = []
+    import tachyon.kernels.gemv as mod
+
+    real = mod.gemv
+    monkeypatch.setattr(mod, "gemv", lambda *a, **kw: calls.append(a[0].shape[0]) or real(*a, **kw))
+    use_gemv(lin, {1: CONFIGS[0], 4: CONFIGS[1]})
+    for m in (1, 3, 2, 20):  # 1 -> bucket 1, 3 -> bucket 4: gemv; 2 (no config) and 20 (too many): cuBLAS
+        x = torch.randn(m, 64, device=device)
+        assert rel_err(lin(x), F.linear(x, lin.weight, lin.bias)) <= 1e-5
+    assert calls == [1, 3]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_tune_linears_never_slower_and_exact():
+    model = torch.nn.Sequential(*[torch.nn.Linear(1024, 3072, bias=False) for _ in range(4)]).cuda().bfloat16()
+    report = tune_linears(model, [1, 2, 4, 8])
+    (rows,) = report.values()
+    for r in rows.values():
+        assert r["best_ms"] <= r["cublas_ms"]
+    x = torch.randn(1, 1024, device="cuda", dtype=torch.bfloat16)
+    lin = model[0]
+    assert (lin(x) - F.linear(x, lin.weight)).abs().max() < 0.05
