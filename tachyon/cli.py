@@ -28,6 +28,9 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--load-format", default="auto", choices=["auto", "dummy"])
     g.add_argument("--attention-backend", default="auto", choices=["auto", "torch", "triton"])
     g.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs")
+    g.add_argument("--num-scheduler-steps", type=int, default=None,
+                   help="decode forwards per host round trip when no request can be admitted "
+                        "(default: 8 with CUDA graphs, else 1)")
 
 
 def engine_kwargs(args: argparse.Namespace) -> dict:

@@ -156,6 +156,9 @@ class SchedulerConfig:
     max_num_batched_tokens: int = 2048
     max_num_seqs: int = 256
     max_model_len: int = 4096
+    # decode-only steps run this many forwards back to back, feeding sampled ids on the device, before the
+    # host looks at the tokens (stop checks, outputs): the host's per-step work is paid once per run
+    num_scheduler_steps: int = 1
 
 
 @dataclass(slots=True)

@@ -33,6 +33,8 @@ class EngineArgs:
     load_format: str = "auto"  # auto | dummy (random weights, no checkpoint read)
     attention_backend: str = "auto"  # auto | torch | triton
     enforce_eager: bool = False
+    num_scheduler_steps: int | None = None  # None: 8 with CUDA graphs, else 1
+
 
     @classmethod
     def field_names(cls) -> set[str]:
@@ -70,7 +72,10 @@ class EngineArgs:
                               num_kv_blocks=self.num_kv_blocks,
                               enable_prefix_caching=self.enable_prefix_caching, swap_space_gib=self.swap_space),
             scheduler=SchedulerConfig(max_num_batched_tokens=max(self.max_num_batched_tokens or default_tokens, 1),
-                                      max_num_seqs=self.max_num_seqs, max_model_len=max_len),
+                                      max_num_seqs=self.max_num_seqs, max_model_len=max_len,
+                                      num_scheduler_steps=max(1, self.num_scheduler_steps or (
+                                          8 if device.type == "cuda" and backend == "triton"
+                                          and not self.enforce_eager else 1))),
             device=device, dtype=dtype, attention_backend=backend, enforce_eager=self.enforce_eager, seed=self.seed,
         )
         tokenizer = load_tokenizer(self.tokenizer or (None if path.endswith(".json") else path))

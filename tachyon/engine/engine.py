@@ -138,19 +138,62 @@ class LLMEngine:
             self.scheduler.swapper.apply(self.runner, sched)
         if sched.is_empty:
             return outputs
-        sample_reqs, sampler_out = self.runner.execute(sched)
-        sampled = {}
-        if sampler_out is not None:
-            for i, req in enumerate(sample_reqs):
-                sampled[req] = sampler_out.token_ids[i]
-                if req.logprobs is not None:
-                    req.logprobs.append(sampler_out.logprobs[i])
-                if sampler_out.sampled_logprobs[i] is not None:
-                    req.cumulative_logprob += sampler_out.sampled_logprobs[i]
-        got = self.scheduler.update(sched, sampled)
+        touched: dict[str, _Group] = {}
+        num_steps = self._num_steps(sched)
+        if num_steps > 1:
+            sample_reqs, ids = self.runner.execute_multi(sched, num_steps)
+            for step_ids in ids:  # as if the steps had run one by one: stops cut the rest off
+                self._postprocess(self.scheduler.update(sched, dict(zip(sample_reqs, step_ids))), touched)
+        else:
+            sample_reqs, sampler_out = self.runner.execute(sched)
+            sampled = {}
+            if sampler_out is not None:
+                for i, req in enumerate(sample_reqs):
+                    sampled[req] = sampler_out.token_ids[i]
+                    if req.logprobs is not None:
+                        req.logprobs.append(sampler_out.logprobs[i])
+                    if sampler_out.sampled_logprobs[i] is not None:
+                        req.cumulative_logprob += sampler_out.sampled_logprobs[i]
+            self._postprocess(self.scheduler.update(sched, sampled), touched)
+        for g in touched.values():
+            if g.metrics.first_token_time is None:
+                g.metrics.first_token_time = min(s.metrics.first_token_time or float("inf") for s in g.seqs)
+            done = g.seqs[0].is_finished if len(g.seqs) == 1 else all(s.is_finished for s in g.seqs)
+            if done:
+                g.metrics.finished_time = max(s.metrics.finished_time or 0.0 for s in g.seqs)
+                del self.groups[g.request_id]
+            if done or g.stream:
+                outputs.append(self._make_output(g, done))
+        return outputs
+
+    def _num_steps(self, sched) -> int:
+        """How many decode forwards this step may run back to back (1 = an ordinary step): only when every
+        running sequence decodes with plain sampling and nobody waiting could be admitted meanwhile."""
+        n = self.config.scheduler.num_scheduler_steps
+        sch = self.scheduler
+        if n <= 1 or sched.preempted or sched.swap_in or len(sched.seqs) != len(sch.running):
+            return 1
+        if (sch.waiting or self._incoming) and len(sch.running) < self.config.scheduler.max_num_seqs:
+            return 1
+        if not getattr(self.runner, "execute_multi", None):
+            return 1
+        max_len = self.config.scheduler.max_model_len
+        for s in sched.seqs:
+            r = s.req
+            if s.num_new_tokens != 1 or not s.sample or r.pending_forks or self.runner.sampler.needs_history(r):
+                return 1
+            n = min(n, r.max_tokens - r.num_output_tokens, max_len - r.num_tokens)
+            if n < 2:
+                return 1
+        for s in sched.seqs:  # room for every step's token (blocks beyond the first stay with the sequence)
+            if not self.kv.allocate(s.req, n):
+                return 1
+        return n
+
+    def _postprocess(self, got: list[Request], touched: dict[str, _Group]) -> None:
+        """Detokenize the new tokens, apply stop strings, note which user requests changed."""
         self.stats["steps"] += 1
         self.stats["generation_tokens"] += len(got)
-        touched: dict[str, _Group] = {}
         has_text = self.tokenizer is not None
         for req in got:
             if has_text:
@@ -163,16 +206,6 @@ class LLMEngine:
             g = self.groups.get(req.group_id)
             if g is not None:
                 touched[g.request_id] = g
-        for g in touched.values():
-            if g.metrics.first_token_time is None:
-                g.metrics.first_token_time = min(s.metrics.first_token_time or float("inf") for s in g.seqs)
-            done = g.seqs[0].is_finished if len(g.seqs) == 1 else all(s.is_finished for s in g.seqs)
-            if done:
-                g.metrics.finished_time = max(s.metrics.finished_time or 0.0 for s in g.seqs)
-                del self.groups[g.request_id]
-            if done or g.stream:
-                outputs.append(self._make_output(g, done))
-        return outputs
 
     def _make_output(self, g: _Group, finished: bool | None = None) -> RequestOutput:
         comps = []

@@ -114,16 +114,27 @@ def use_gemv(linear: torch.nn.Linear, configs: dict[int, tuple[int, int, int, in
 
 
 def _time_ms(fn, reps: int = 5) -> float:
-    fn()
+    """GPU time of fn, captured in a CUDA graph: launching 32 small kernels from Python takes longer than
+    running them, so timing eager launches would measure the host."""
+    fn()  # compile, allocate workspaces
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream), torch.cuda.graph(graph, stream=stream):
+        fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph.replay()
     torch.cuda.synchronize()
     times = []
     for _ in range(reps):
         s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         s.record()
-        fn()
+        graph.replay()
         e.record()
         e.synchronize()
         times.append(s.elapsed_time(e))
+    del graph
     return sorted(times)[len(times) // 2]
 
 

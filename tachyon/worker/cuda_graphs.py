@@ -76,6 +76,38 @@ class CudaGraphs:
     def fits(self, batch: int) -> bool:
         return batch <= self.sizes[-1]
 
+    def replay_steps(self, xs: list, sample) -> list[torch.Tensor]:
+        """Decode steps of one batch back to back with no host sync: step j+1's input ids are step j's
+        sampled ids (`sample(logits) -> ids [B]`, on the device). xs: the steps' StepInputs (ids of the
+        first only). Returns the sampled ids of each step."""
+        K, B = len(xs), len(xs[0].q_lens)
+        bs = self.sizes[bisect.bisect_left(self.sizes, B)]
+        stage = torch.zeros(K, 4, bs, dtype=torch.long, pin_memory=True)  # one H2D copy for all steps
+        st = stage.numpy()
+        st[0, 0, :B] = xs[0].input_ids
+        for j, x in enumerate(xs):
+            st[j, 1, :B] = x.positions
+            st[j, 2, :B] = x.slot_mapping
+            st[j, 2, B:] = -1
+            st[j, 3, :B] = x.seq_lens
+        nb = xs[0].block_tables.shape[1]
+        bt = self._stage_bt.numpy()
+        bt[:B, :nb] = xs[0].block_tables
+        dev = self.input_ids.device
+        staged = stage.to(dev, non_blocking=True)
+        self.block_tables[:B, :nb].copy_(self._stage_bt[:B, :nb].to(dev, non_blocking=True))
+        self.input_ids[:bs].copy_(staged[0, 0])
+        out = []
+        for j in range(K):
+            if j:
+                self.input_ids[:B].copy_(out[-1])
+            self.positions[:bs].copy_(staged[j, 1])
+            self.slot_mapping[:bs].copy_(staged[j, 2])
+            self.seq_lens[:bs].copy_(staged[j, 3])
+            self.graphs[bs].replay()
+            out.append(sample(self.logits[:B]))  # queued before the next replay overwrites the logits
+        return out
+
     def replay(self, x) -> torch.Tensor:
         """x: StepInputs of a decode-only batch. Returns logits [padded batch, vocab]."""
         B = len(x.q_lens)

@@ -6,7 +6,7 @@ Decodes (one new token) go first in the batch, then prefill chunks, as the atten
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import torch
@@ -145,6 +145,35 @@ class ModelRunner:
         if not x.sample_reqs:
             return x.sample_reqs, None
         return x.sample_reqs, self.sampler(logits, x.sample_reqs)
+
+    @torch.inference_mode()
+    def execute_multi(self, out: SchedulerOutput, num_steps: int) -> tuple[list[Request], list[list[int]]]:
+        """A decode-only batch for num_steps forwards, each feeding its sampled ids to the next on the device;
+        the blocks for every step's slot are already allocated. Returns the sequences and ids[step][row]."""
+        x = self.prepare(out.seqs)
+        S = len(x.q_lens)
+        rows = np.arange(S)
+        xs = []
+        for j in range(num_steps):
+            pos = x.positions + j
+            slots = x.block_tables[rows, pos // self.block_size].astype(np.int64) * self.block_size + pos % self.block_size
+            xs.append(replace(x, positions=pos, slot_mapping=slots, seq_lens=x.seq_lens + j))
+        reqs = x.sample_reqs
+
+        def sample(logits):
+            return self.sampler.sample_tokens(logits, reqs)
+
+        graphs = self.cuda_graphs
+        if graphs is not None and graphs.fits(S):
+            ids = graphs.replay_steps(xs, sample)
+        else:
+            ids, step_ids = [], self._to_device(x.input_ids)
+            for xj in xs:
+                hidden = self.model(step_ids, self._to_device(xj.positions), self.kv_caches, self._metadata(xj),
+                                    self.backend)
+                step_ids = sample(self.model.compute_logits(hidden))
+                ids.append(step_ids)
+        return reqs, torch.stack(ids).tolist()  # the one host sync
 
     # -- GPU: memory profile, warm-up, CUDA graphs ----------------------------------------------------------
     @torch.inference_mode()

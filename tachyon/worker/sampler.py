@@ -36,22 +36,31 @@ class Sampler:
         g.manual_seed(seed)
         return g
 
+    @staticmethod
+    def needs_history(req: Request) -> bool:
+        """Whether sampling this request reads its token history or returns more than ids (penalties,
+        min_tokens still pending, logprobs): such steps need the host between forwards."""
+        sp = req.sampling_params
+        return (sp.repetition_penalty != 1.0 or sp.presence_penalty != 0.0 or sp.frequency_penalty != 0.0
+                or sp.logprobs is not None or req.num_output_tokens < sp.min_tokens)
+
+    def sample_tokens(self, logits: torch.Tensor, reqs: list[Request]) -> torch.Tensor:
+        """The sampled ids as a device tensor [S] (no host sync)."""
+        logits = logits[:, : self.vocab_size]
+        logits = self._apply_penalties(logits, reqs)
+        logits = self._mask_stop_before_min_tokens(logits, reqs)
+        greedy = [r.sampling_params.greedy for r in reqs]
+        if all(greedy):
+            return logits.argmax(dim=-1)
+        return self._sample_random(logits, reqs, greedy)
+
     def __call__(self, logits: torch.Tensor, reqs: list[Request]) -> SamplerOutput:
         """logits: [S, V] float32 (one row per sequence that samples this step), rows in `reqs` order."""
         logits = logits[:, : self.vocab_size]
         S = logits.shape[0]
-        params = [r.sampling_params for r in reqs]
-        want_logprobs = [sp.logprobs for sp in params]
+        want_logprobs = [r.sampling_params.logprobs for r in reqs]
         raw_logprobs = torch.log_softmax(logits, dim=-1) if any(n is not None for n in want_logprobs) else None
-
-        logits = self._apply_penalties(logits, reqs)
-        logits = self._mask_stop_before_min_tokens(logits, reqs)
-
-        greedy = [sp.greedy for sp in params]
-        if all(greedy):
-            tokens = logits.argmax(dim=-1)
-        else:
-            tokens = self._sample_random(logits, reqs, greedy)
+        tokens = self.sample_tokens(logits, reqs)
         token_list = tokens.tolist()
 
         out_lp: list[dict[int, float] | None] = [None] * S
