@@ -178,11 +178,15 @@ class LLMEngine:
         if not getattr(self.runner, "execute_multi", None):
             return 1
         max_len = self.config.scheduler.max_model_len
+        # In a small batch a sequence that finishes mid-run would hold the others' outputs back and waste
+        # whole forwards, so the run ends where the first one finishes; in a large batch its leftover rows
+        # cost little and the run goes on (the context limit always bounds it: slots beyond it don't exist).
+        small = len(sched.seqs) < 16
         for s in sched.seqs:
             r = s.req
             if s.num_new_tokens != 1 or not s.sample or r.pending_forks or self.runner.sampler.needs_history(r):
                 return 1
-            n = min(n, r.max_tokens - r.num_output_tokens, max_len - r.num_tokens)
+            n = min(n, max_len - r.num_tokens, r.max_tokens - r.num_output_tokens if small else n)
             if n < 2:
                 return 1
         for s in sched.seqs:  # room for every step's token (blocks beyond the first stay with the sequence)

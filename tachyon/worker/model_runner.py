@@ -6,6 +6,7 @@ Decodes (one new token) go first in the batch, then prefill chunks, as the atten
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -147,9 +148,11 @@ class ModelRunner:
         return x.sample_reqs, self.sampler(logits, x.sample_reqs)
 
     @torch.inference_mode()
-    def execute_multi(self, out: SchedulerOutput, num_steps: int) -> tuple[list[Request], list[list[int]]]:
+    def execute_multi(self, out: SchedulerOutput, num_steps: int) -> tuple[list[Request], Iterator[list[int]]]:
         """A decode-only batch for num_steps forwards, each feeding its sampled ids to the next on the device;
-        the blocks for every step's slot are already allocated. Returns the sequences and ids[step][row]."""
+        the blocks for every step's slot are already allocated. Returns the sequences and an iterator over
+        each step's ids, which hands out step j as soon as the GPU has it, while later steps still run: the
+        host's bookkeeping for step j overlaps the forwards after it."""
         x = self.prepare(out.seqs)
         S = len(x.q_lens)
         rows = np.arange(S)
@@ -173,7 +176,21 @@ class ModelRunner:
                                     self.backend)
                 step_ids = sample(self.model.compute_logits(hidden))
                 ids.append(step_ids)
-        return reqs, torch.stack(ids).tolist()  # the one host sync
+        if self.device.type != "cuda":
+            return reqs, iter(torch.stack(ids).tolist())
+        host = torch.empty(num_steps, S, dtype=torch.long, pin_memory=True)
+        done = []
+        for j, step_ids in enumerate(ids):
+            host[j].copy_(step_ids, non_blocking=True)
+            done.append(torch.cuda.Event())
+            done[-1].record()
+
+        def steps() -> Iterator[list[int]]:
+            for j, ev in enumerate(done):
+                ev.synchronize()
+                yield host[j].tolist()
+
+        return reqs, steps()
 
     # -- GPU: memory profile, warm-up, CUDA graphs ----------------------------------------------------------
     @torch.inference_mode()

@@ -38,7 +38,7 @@ def _prompts(n: int, seed: int) -> list[list[int]]:
 
 def test_multi_step_greedy_matches_transformers(tiny):
     path, hf = tiny
-    llm = LLM(model=path, num_kv_blocks=200, block_size=8, swap_space=0, num_scheduler_steps=4)
+    llm = LLM(model=path, num_kv_blocks=200, block_size=8, swap_space=0, num_scheduler_steps=4, dtype="float32")
     calls = _spy_multi(llm)
     prompts = _prompts(6, seed=0)
     max_tokens = [1, 2, 7, 10, 13, 21]  # not multiples of 4; one and two tokens never run multi-step
@@ -57,7 +57,7 @@ def test_multi_step_stops_mid_run_on_stop_token(tiny):
     prompt = _prompts(1, seed=5)[0]
     ref = hf_greedy(hf, prompt, 24)
     stop_at = next(i for i in range(5, 24) if ref[i] not in ref[:i])  # first occurrence, mid-way through a run
-    llm = LLM(model=path, num_kv_blocks=64, block_size=8, swap_space=0, num_scheduler_steps=8)
+    llm = LLM(model=path, num_kv_blocks=64, block_size=8, swap_space=0, num_scheduler_steps=8, dtype="float32")
     calls = _spy_multi(llm)
     (out,) = llm.generate([{"prompt_token_ids": prompt}],
                           SamplingParams(temperature=0, max_tokens=24, stop_token_ids=[ref[stop_at]]))
@@ -99,3 +99,20 @@ def test_multi_step_waits_for_admissions(tiny):
     while eng.has_unfinished_requests():
         eng.step()
     assert eng.kv.num_free_blocks == eng.kv.num_blocks
+
+
+def test_large_batch_runs_past_finishing_sequences(tiny):
+    """16+ sequences: a run is not cut short where one sequence ends; its leftover rows are dropped."""
+    path, hf = tiny
+    llm = LLM(model=path, num_kv_blocks=400, block_size=8, swap_space=0, num_scheduler_steps=6, dtype="float32")
+    calls = _spy_multi(llm)
+    prompts = _prompts(18, seed=9)
+    max_tokens = [3 + (i * 5) % 17 for i in range(18)]  # 3..19, finishing at many different sub-steps
+    outs = llm.generate([{"prompt_token_ids": p} for p in prompts],
+                        [SamplingParams(temperature=0, max_tokens=m, ignore_eos=True) for m in max_tokens])
+    assert calls and calls[0] == 6, calls  # the first run is not shortened to the smallest remaining (2)
+    for p, m, o in zip(prompts, max_tokens, outs):
+        assert len(o.outputs[0].token_ids) == m
+        assert o.outputs[0].token_ids == hf_greedy(hf, p, m)
+    llm.engine.check_integrity()
+    assert llm.engine.kv.num_free_blocks == llm.engine.kv.num_blocks

@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# The `serve` workload of shared/WORKLOADS.md on the GPU machine: `tachyon serve` (llama3-8b, random bf16 weights,
+# word tokenizer) and `tachyon bench serve` against it over HTTP, one JSON per load point under $OUT.
+# The GPU image has no fastapi/uvicorn/pydantic: they come as wheels from .whl/ (see benchmarks/README.md).
+# Usage (repo root, on the GPU machine): OUT=dir bash benchmarks/h200_serve.sh
+set -u
+SITE=/tmp/tachyon_site
+python -m pip install -q --no-index --find-links .whl --target "$SITE" fastapi uvicorn pydantic httpx >/dev/null 2>&1 \
+  || echo "wheel install failed"
+export PYTHONPATH=".:$SITE"
+MODEL=benchmarks/models/llama3-8b-serve
+python -m tachyon serve --model $MODEL --load-format dummy --max-model-len 4096 --port 8011 > "$OUT/server.log" 2>&1 &
+SERVER=$!
+for i in $(seq 240); do
+  python - <<'PY' && break
+import sys, urllib.request
+try:
+    urllib.request.urlopen("http://127.0.0.1:8011/health", timeout=1)
+except Exception:
+    sys.exit(1)
+PY
+  sleep 1
+done
+B="python -m tachyon bench serve --base-url http://127.0.0.1:8011 --tokenizer $MODEL --prompt-format text \
+   --workload serve --no-progress --goodput ttft:2000 e2el:5000 --percentiles 50,90,99"
+$B --num-prompts 16 --max-concurrency 1 --output "$OUT/serve_c1.json"
+$B --num-prompts 128 --max-concurrency 16 --output "$OUT/serve_c16.json"
+$B --num-prompts 256 --max-concurrency 64 --output "$OUT/serve_c64.json"
+$B --num-prompts 1000 --max-concurrency 256 --output "$OUT/serve_c256.json"
+$B --num-prompts 600 --request-rate 20 --output "$OUT/serve_poisson20.json"
+kill -TERM $SERVER; wait $SERVER
+tail -5 "$OUT/server.log"
