@@ -2,16 +2,17 @@
 # The `serve` workload of shared/WORKLOADS.md on the GPU machine: `tachyon serve` (llama3-8b, random bf16 weights,
 # word tokenizer) and `tachyon bench serve` against it over HTTP, one JSON per load point under $OUT.
 # The GPU image has no fastapi/uvicorn/pydantic: they come as wheels from .whl/ (see benchmarks/README.md).
-# Usage (repo root, on the GPU machine): OUT=dir bash benchmarks/h200_serve.sh
+# Usage (repo root, on the GPU machine, with .whl/ carried): OUT=dir bash benchmarks/h200_serve.sh
 set -u
 SITE=/tmp/tachyon_site
-python -m pip install -q --no-index --find-links .whl --target "$SITE" fastapi uvicorn pydantic httpx >/dev/null 2>&1 \
-  || echo "wheel install failed"
+# .whl/ is git-ignored: pass it to the device tool with carry=[".whl"]
+python -m pip install -q --no-index --find-links .whl --target "$SITE" fastapi uvicorn pydantic httpx 2>&1 | tail -3
 export PYTHONPATH=".:$SITE"
 MODEL=benchmarks/models/llama3-8b-serve
 python -m tachyon serve --model $MODEL --load-format dummy --max-model-len 4096 --port 8011 > "$OUT/server.log" 2>&1 &
 SERVER=$!
 for i in $(seq 240); do
+  kill -0 $SERVER 2>/dev/null || { echo "server exited:"; tail -5 "$OUT/server.log"; exit 1; }
   python - <<'PY' && break
 import sys, urllib.request
 try:
