@@ -5,8 +5,21 @@
 # Usage (repo root, on the GPU machine, with .whl/ carried): OUT=dir bash benchmarks/h200_serve.sh
 set -u
 SITE=/tmp/tachyon_site
-# .whl/ is git-ignored: pass it to the device tool with carry=[".whl"]
-python -m pip install -q --no-index --find-links .whl --target "$SITE" fastapi uvicorn pydantic httpx 2>&1 | tail -3
+# .whl/ is git-ignored: pass it to the device tool with carry=[".whl"]. A wheel is a zip: unpack the ones whose
+# module the image lacks (no pip needed, the image's own packages stay as they are).
+python - "$SITE" <<'PY'
+import glob, importlib.util, os, sys, zipfile
+site = sys.argv[1]
+os.makedirs(site, exist_ok=True)
+for whl in sorted(glob.glob(".whl/*.whl")):
+    with zipfile.ZipFile(whl) as z:
+        tops = {n.split("/")[0] for n in z.namelist() if not n.split("/")[0].endswith((".dist-info", ".data"))}
+        mods = {t.removesuffix(".py") for t in tops}
+        if all(importlib.util.find_spec(m) is not None for m in mods):
+            continue
+        z.extractall(site)
+        print("unpacked", os.path.basename(whl))
+PY
 export PYTHONPATH=".:$SITE"
 MODEL=benchmarks/models/llama3-8b-serve
 python -m tachyon serve --model $MODEL --load-format dummy --max-model-len 4096 --port 8011 > "$OUT/server.log" 2>&1 &
