@@ -1,7 +1,12 @@
 """Turn the JSON that benchmarks/gpu_run.py wrote on the H200 into the committed summary: ratios against
 vLLM 0.26 (../shared/anchors/h200.json, copied below) and the card's ceilings, plus the sweep plot.
 
-    python benchmarks/h200_report.py benchmarks/results/h200/llama3-8b_perf_run3.json
+    python benchmarks/h200_report.py RUN.json [--hf-from OTHER_RUN.json] [--profile-from OTHER_RUN.json]
+        [--serve-dir DIR]
+
+--hf-from / --profile-from take the transformers baseline / the eager step profile from another run where the
+main run did not measure them (the summary says which file each table comes from); --serve-dir adds the
+`serve` workload (JSON from benchmarks/h200_serve.sh) against vLLM's `bench serve` figures.
 """
 
 from __future__ import annotations
@@ -17,11 +22,30 @@ VLLM = {  # vLLM 0.26 on the same card kind, same workloads (shared/anchors/h200
     "prefix_on": {"time_to_all_first_tokens_s": 1.04, "out_tok_s": 8852.6},
     "prefix_off": {"time_to_all_first_tokens_s": 12.94, "out_tok_s": 1992.0},
 }
+VLLM_SERVE = {  # vllm serve + vllm bench serve, same anchors file: output tok/s, mean TTFT ms, p99 E2EL ms
+    "serve_c1": (204.78, 23.32, 1263.86), "serve_c16": (2693.19, 158.05, 1548.97),
+    "serve_c64": (7415.51, 327.1, 2519.84), "serve_c256": (8849.21, 1534.23, 8391.41),
+    "serve_poisson20": (4894.21, 39.49, 2333.57),
+}
+SERVE_LABELS = {"serve_c1": "16 prompts, max-concurrency 1", "serve_c16": "128 prompts, max-concurrency 16",
+                "serve_c64": "256 prompts, max-concurrency 64", "serve_c256": "1000 prompts, max-concurrency 256",
+                "serve_poisson20": "600 prompts, Poisson 20 req/s"}
 HF_ANCHOR_SWEEP_512_128 = {"1": 35.5, "4": 59.3, "16": 200.1, "64": 860.0, "256": 2757.0}
 
 
-def main(path: str) -> None:
+def _kernel_table(title: str, p: dict) -> list[str]:
+    lines = ["", title, "", "| kernel | ms | count |", "|---|---|---|"]
+    return lines + [f"| `{k['name'][:70]}` | {k['ms']:.3f} | {k['count']} |" for k in p["kernels"][:12]]
+
+
+def main(path: str, hf_from: str | None = None, profile_from: str | None = None, serve_dir: str | None = None) -> None:
     d = json.load(open(path))
+    if hf_from and "hf_sweep" not in d:
+        d["hf_sweep"] = json.load(open(hf_from)).get("hf_sweep")
+        d["hf_source"] = os.path.basename(hf_from)
+    if profile_from and "profile" not in d:
+        d["profile"] = json.load(open(profile_from)).get("profile")
+        d["profile_source"] = os.path.basename(profile_from)
     out_dir = os.path.dirname(path)
     rows = []
     s = d.get("single")
@@ -55,19 +79,68 @@ def main(path: str) -> None:
         lines.append(f"| {name} | {ours:,.1f} | {theirs:,.1f} | {ratio:.2f}{' (time: vLLM/ours)' if better_low else ''} |")
     hf = d.get("hf_sweep")
     if hf and "error" not in hf:
-        lines += ["", "transformers `generate` (bf16, sdpa, static batch, 512 in / 256 out), same run:", "",
+        src = f"from `{d['hf_source']}` (an earlier run on the same card kind)" if d.get("hf_source") else "same run"
+        lines += ["", f"transformers `generate` (bf16, sdpa, static batch, 512 in / 256 out), {src}:", "",
                   "| concurrency | transformers out tok/s | Tachyon out tok/s | Tachyon / transformers |", "|---|---|---|---|"]
         for c, v in hf.items():
             t = d.get("sweep", {}).get(c, {}).get("output_tok_s")
             lines.append(f"| {c} | {v['output_tok_s']:.1f} | {t or float('nan'):.1f} | "
                          f"{(t / v['output_tok_s']) if t else float('nan'):.1f}x |")
+    steps = [(k, v["steps"]) for k, v in [("throughput", d.get("throughput")), ("random", d.get("random"))]
+             + [(f"sweep c={c}", v) for c, v in d.get("sweep", {}).items()] if v and "steps" in v]
+    if steps:
+        lines += ["", "Wall time by step kind (an engine step; a decode step runs up to "
+                      f"{(s or {}).get('num_scheduler_steps', '?')} forwards back to back):", "",
+                  "| run | decode steps | decode s | steps with prefill | their s | their tokens |", "|---|---|---|---|---|---|"]
+        for name, st in steps:
+            lines.append(f"| {name} | {st['decode']['count']} | {st['decode']['seconds']:.2f} | {st['mixed']['count']} | "
+                         f"{st['mixed']['seconds']:.2f} | {st['mixed']['tokens']:,} |")
+    if s and s.get("one_step_per_round_trip"):
+        o = s["one_step_per_round_trip"]["decode_tok_s"]
+        lines += ["", f"`single` with one forward per host round trip (num_scheduler_steps=1): {o:.1f} tok/s; with "
+                      f"{s['num_scheduler_steps']}: {s['decode_tok_s']:.1f} tok/s ({s['decode_tok_s'] / o:.2f}x)."]
+    for key, title in (("graph_kernels_batch1", "one decode CUDA-graph replay, batch 1"),):
+        g = (s or {}).get(key)
+        if g and "error" not in g:
+            lines += _kernel_table(f"Per-kernel GPU time inside {title}: {g['total_kernel_ms']:.2f} ms in "
+                                   f"{g['num_kernels']} kernels:", g)
+    g = d.get("graph_kernels_batch256")
+    if g and "error" not in g:
+        lines += _kernel_table(f"Per-kernel GPU time inside one decode CUDA-graph replay, batch 256, replayed "
+                               f"with the inputs the last step of sweep c=256 left in its buffers: {g['total_kernel_ms']:.2f} ms in {g['num_kernels']} "
+                               f"kernels:", g)
     prof = d.get("profile")
     if prof and "error" not in prof:
+        src = f" (from `{d['profile_source']}`)" if d.get("profile_source") else ""
         for name in ("decode", "prefill"):
             p = prof[name]
-            lines += ["", f"Per-kernel GPU time, one eager {name} step ({p['batch']} sequences), total "
-                          f"{p['total_kernel_ms']:.2f} ms:", "", "| kernel | ms | count |", "|---|---|---|"]
-            lines += [f"| `{k['name'][:70]}` | {k['ms']:.3f} | {k['count']} |" for k in p["kernels"][:10]]
+            lines += _kernel_table(f"Per-kernel GPU time, one eager {name} step ({p['batch']} sequences), total "
+                                   f"{p['total_kernel_ms']:.2f} ms{src}:", p)
+    tune = d.get("gemv_tuning")
+    if tune:
+        lines += ["", "Skinny-GEMM tuning at start-up (TB/s over all layers of a shape, inside a CUDA graph; "
+                      "the Triton kernel is used only where it wins):", "",
+                  "| weight x layers | rows | cuBLAS TB/s | chosen TB/s | Triton config |", "|---|---|---|---|---|"]
+        for shape, rows_ in tune.items():
+            for m, r in rows_.items():
+                lines.append(f"| {shape} | {m} | {r['cublas_TBps']:.2f} | {r['best_TBps']:.2f} | {r['config'] or 'cuBLAS'} |")
+    if serve_dir:
+        lines += ["", f"`serve` over HTTP (`benchmarks/h200_serve.sh`: `tachyon serve` + `tachyon bench serve`, streaming "
+                      f"/v1/completions, text prompts through the word tokenizer; JSON in `{os.path.relpath(serve_dir, out_dir)}/`):", "",
+                  "| load | out tok/s | vLLM | ratio | mean TTFT ms | vLLM | p99 E2EL ms | vLLM | mean TPOT ms | p99 ITL ms |",
+                  "|---|---|---|---|---|---|---|---|---|---|"]
+        for key, (v_tok, v_ttft, v_e2e) in VLLM_SERVE.items():
+            f = os.path.join(serve_dir, key + ".json")
+            if not os.path.exists(f):
+                lines.append(f"| {SERVE_LABELS[key]} | not in this run's files | {v_tok:,.0f} | | | | | | | |")
+                continue
+            m = json.load(open(f))["runs"][0]["metrics"]
+            lines.append(f"| {SERVE_LABELS[key]} | {m['output_throughput']:,.0f} | {v_tok:,.0f} | "
+                         f"{m['output_throughput'] / v_tok:.2f} | {m['mean_ttft_ms']:.0f} | {v_ttft:.0f} | "
+                         f"{m['p99_e2el_ms']:.0f} | {v_e2e:.0f} | {m['mean_tpot_ms']:.2f} | {m['p99_itl_ms']:.1f} |")
+        lines += ["", "ITL is per streamed chunk (as vLLM's bench counts it): with multi-step decoding a chunk carries up "
+                      "to 8 tokens, so ITL is up to 8x TPOT. The `median_decode_tok_s` field inside these serve JSONs "
+                      "was computed per chunk too (fixed after this run: it now counts tokens); use TPOT."]
     md = os.path.join(out_dir, "llama3-8b_summary.md")
     with open(md, "w") as f:
         f.write("\n".join(lines) + "\n")
@@ -99,4 +172,12 @@ def main(path: str) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    import argparse
+
+    ap = argparse.ArgumentParser()
+    ap.add_argument("run")
+    ap.add_argument("--hf-from")
+    ap.add_argument("--profile-from")
+    ap.add_argument("--serve-dir")
+    a = ap.parse_args()
+    main(a.run, a.hf_from, a.profile_from, a.serve_dir)

@@ -49,10 +49,12 @@ class RequestResult:
 
     @property
     def decode_tok_s(self) -> float | None:
+        """Tokens after the first over the time from the first chunk to the last (a chunk may carry several
+        tokens, as from a server that decodes several steps per round trip)."""
         t = self.token_times
         if len(t) < 2 or t[-1] <= t[0]:
             return None
-        return (len(t) - 1) / (t[-1] - t[0])
+        return (max(self.output_tokens, len(t)) - 1) / (t[-1] - t[0])
 
 
 def percentile(values: list[float], p: float) -> float:

@@ -182,3 +182,11 @@ def test_ratios_table_json_markdown_and_png(tmp_path):
                               {"name": "hf +compile", "error": "no C++ compiler"},
                               {"name": "tachyon", "tok_s": 9.0, "memory_gib": 0.8}], str(tmp_path / "l.png"))
     assert open(bars, "rb").read(8) == b"\x89PNG\r\n\x1a\n"
+
+
+def test_decode_rate_counts_tokens_not_chunks():
+    # 17 tokens in 3 chunks (1 + 8 + 8), 40 ms apart: 16 tokens after the first in 80 ms
+    r = RequestResult(10, 17, start=0.0, token_times=[0.1, 0.14, 0.18], end=0.18, output_tokens=17, success=True)
+    assert r.decode_tok_s == pytest.approx(16 / 0.08)
+    assert r.tpot == pytest.approx(0.08 / 16)
+    assert r.itl == pytest.approx([0.04, 0.04])  # ITL stays per chunk, as vLLM's bench reports it
