@@ -120,8 +120,13 @@ class KVCacheManager:
             parent = req.block_hashes[-1] if i else None
             req.block_hashes.append(hash_block(parent, tuple(req.token_ids[i * bs:(i + 1) * bs])))
 
-    def find_cached_prefix(self, req: Request) -> list[int]:
-        """Block ids of the longest cached prefix of req's tokens; never covers the last token."""
+    def count_prefix_query(self, num_tokens: int, hit_tokens: int) -> None:
+        self.prefix_queries += num_tokens
+        self.prefix_hits += hit_tokens
+
+    def find_cached_prefix(self, req: Request, count: bool = True) -> list[int]:
+        """Block ids of the longest cached prefix of req's tokens; never covers the last token. `count=False`
+        leaves the query out of the hit-rate counters (the scheduler counts a request once, when admitted)."""
         if not self.enable_prefix_caching:
             return []
         limit = req.num_tokens - 1
@@ -133,8 +138,8 @@ class KVCacheManager:
             if block_id is None:
                 break
             hits.append(block_id)
-        self.prefix_queries += req.num_tokens
-        self.prefix_hits += len(hits) * bs
+        if count:
+            self.count_prefix_query(req.num_tokens, len(hits) * bs)
         return hits
 
     def cache_computed_blocks(self, req: Request) -> None:

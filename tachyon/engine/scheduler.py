@@ -80,6 +80,11 @@ class Scheduler:
             break
         if out.preempted:
             return out
+        # hashes of the blocks this step's admissions fill: a request that needs one of them next waits a step
+        # and then finds it in the cache, instead of computing the same prefix twice in one step (requests that
+        # arrive together with a shared system prompt)
+        filling: set[int] = set()
+        caching = self.kv.enable_prefix_caching
         while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
             req = self.waiting[0]
             if req.status == RequestStatus.SWAPPED:
@@ -87,13 +92,23 @@ class Scheduler:
                     break
                 out.swap_in.append((req, self.swapper.swap_in(req, self.kv)))
             shared: list[int] = []
-            if req.num_computed_tokens == 0 and not req.block_ids:
-                shared = self.kv.find_cached_prefix(req)
-                if req.num_output_tokens == 0:
-                    req.num_cached_tokens = len(shared) * self.kv.block_size
+            looked_up = req.num_computed_tokens == 0 and not req.block_ids
+            if looked_up:
+                shared = self.kv.find_cached_prefix(req, count=False)
+                nxt = len(shared)
+                if filling and nxt < len(req.block_hashes) and req.block_hashes[nxt] in filling:
+                    break
             n = min(req.num_tokens - req.num_computed_tokens - len(shared) * self.kv.block_size, budget)
             if not self.kv.allocate(req, n, shared):
                 break
+            if looked_up:
+                self.kv.count_prefix_query(req.num_tokens, len(shared) * self.kv.block_size)
+                if req.num_output_tokens == 0:
+                    req.num_cached_tokens = len(shared) * self.kv.block_size
+            if caching:
+                bs = self.kv.block_size
+                first = req.num_computed_tokens // bs
+                filling.update(req.block_hashes[first:min((req.num_computed_tokens + n) // bs, len(req.block_hashes))])
             self.waiting.popleft()
             req.status = RequestStatus.RUNNING
             if req.metrics.first_scheduled_time is None:

@@ -82,3 +82,29 @@ def test_recompute_when_swap_is_off(reference):
     assert _run(llm, prompts) == ref
     s = llm.engine.scheduler
     assert s.num_recomputed > 0 and s.num_swapped_out == 0
+
+
+def test_simultaneous_arrivals_compute_a_shared_prefix_once(llm):
+    """Requests that arrive together with a shared prefix: the first computes it, the others wait one step and
+    take it from the cache (none computes the same blocks in the same step)."""
+    kv, sched = llm.engine.kv, llm.engine.scheduler
+    shared = list(range(4000, 4064))  # 4 full blocks
+    prompts = [shared + [100 + i, 200 + i, 300 + i] for i in range(4)]
+    computed = []
+    real = sched.schedule
+
+    def spy():
+        out = real()
+        computed.append(sum(s.num_new_tokens for s in out.seqs if s.num_new_tokens > 1))
+        return out
+
+    sched.schedule = spy
+    q0, h0 = kv.prefix_queries, kv.prefix_hits
+    try:
+        outs = llm.generate([{"prompt_token_ids": p} for p in prompts], SamplingParams(temperature=0, max_tokens=3))
+    finally:
+        del sched.schedule
+    assert computed[:2] == [67, 3 * 3], computed  # step 1: the first prompt only; step 2: the others' tails
+    assert (kv.prefix_queries - q0, kv.prefix_hits - h0) == (4 * 67, 3 * 64)
+    assert [o.num_cached_tokens for o in outs] == [0, 64, 64, 64]
+    assert kv.num_free_blocks == kv.num_blocks
