@@ -22,10 +22,15 @@ class IncrementalDetokenizer:
         self.stop = stop or []
         self.include_stop = include_stop
         self.max_stop_len = max((len(s) for s in self.stop), default=0)
+        # a fast (Rust) tokenizer decodes directly: transformers' wrapper costs 4x the decode itself, twice per
+        # token per sequence, and does nothing more here (no clean-up of spaces)
+        self._backend = getattr(tokenizer, "backend_tokenizer", None)
 
     def _decode(self, ids: list[int]) -> str:
         if self.tokenizer is None:  # a model run without a tokenizer (random weights): token ids only
             return ""
+        if self._backend is not None:
+            return self._backend.decode(ids, skip_special_tokens=self.skip_special)
         return self.tokenizer.decode(ids, skip_special_tokens=self.skip_special,
                                      clean_up_tokenization_spaces=False)
 

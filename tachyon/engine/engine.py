@@ -215,16 +215,21 @@ class LLMEngine:
         comps = []
         for s in g.seqs:
             comps.append(CompletionOutput(
-                index=s.index, text=s.detok.safe_text(s.is_finished), token_ids=list(s.output_token_ids),
+                index=s.index, text=s.detok.safe_text(s.is_finished), token_ids=s.output_token_ids,  # a fresh list
                 cumulative_logprob=s.cumulative_logprob if s.logprobs is not None else None,
                 logprobs=list(s.logprobs) if s.logprobs is not None else None,
                 finish_reason=s.status.value if s.is_finished else None, stop_reason=s.stop_reason))
         m = g.metrics
-        m.num_preemptions = sum(s.metrics.num_preemptions for s in g.seqs)
-        scheduled = [s.metrics.first_scheduled_time for s in g.seqs if s.metrics.first_scheduled_time is not None]
-        m.first_scheduled_time = min(scheduled) if scheduled else None
-        last = [s.metrics.last_token_time for s in g.seqs if s.metrics.last_token_time is not None]
-        m.last_token_time = max(last) if last else None
+        if len(g.seqs) == 1:
+            sm = g.seqs[0].metrics
+            m.num_preemptions, m.first_scheduled_time, m.last_token_time = (
+                sm.num_preemptions, sm.first_scheduled_time, sm.last_token_time)
+        else:
+            m.num_preemptions = sum(s.metrics.num_preemptions for s in g.seqs)
+            scheduled = [s.metrics.first_scheduled_time for s in g.seqs if s.metrics.first_scheduled_time is not None]
+            m.first_scheduled_time = min(scheduled) if scheduled else None
+            last = [s.metrics.last_token_time for s in g.seqs if s.metrics.last_token_time is not None]
+            m.last_token_time = max(last) if last else None
         if m.finished_time is None and all(s.is_finished for s in g.seqs):  # aborted
             m.finished_time = max(s.metrics.finished_time or 0.0 for s in g.seqs) or None
         return RequestOutput(request_id=g.request_id, prompt=g.prompt, prompt_token_ids=g.prompt_token_ids,
