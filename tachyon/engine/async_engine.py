@@ -30,6 +30,11 @@ class EngineDeadError(RuntimeError):
     pass
 
 
+def _deliver(items: list[tuple[asyncio.Queue, RequestOutput]]) -> None:
+    for q, item in items:
+        q.put_nowait(item)
+
+
 class AsyncEngine:
     def __init__(self, engine: LLMEngine, max_queued_requests: int | None = None):
         self.engine = engine
@@ -86,8 +91,24 @@ class AsyncEngine:
                         self.on_step(outputs, time.perf_counter() - t0)
                     except Exception:  # a metrics hook must never stop the engine
                         logger.exception("on_step hook failed")
-                for out in outputs:
-                    self._push(out.request_id, out)
+                self._push_many(outputs)
+
+    def _push_many(self, outputs: list[RequestOutput]) -> None:
+        """A step's outputs, one wake-up per event loop (not one per request: each costs a syscall and a
+        trip through the loop, 256 per step at full batch)."""
+        batches: dict[asyncio.AbstractEventLoop, list] = {}
+        for out in outputs:
+            entry = self._streams.get(out.request_id)
+            if entry is None:
+                continue
+            if out.finished:
+                self._streams.pop(out.request_id, None)
+            batches.setdefault(entry[0], []).append((entry[1], out))
+        for loop, items in batches.items():
+            try:
+                loop.call_soon_threadsafe(_deliver, items)
+            except RuntimeError:  # the event loop is closed
+                pass
 
     def _push(self, rid: str, item) -> None:
         entry = self._streams.get(rid)
