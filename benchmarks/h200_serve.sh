@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The `serve` workload of shared/WORKLOADS.md on the GPU machine: `tachyon serve` (llama3-8b, random bf16 weights,
 # word tokenizer) and `tachyon bench serve` against it over HTTP, one JSON per load point under $OUT.
-# The GPU image has no fastapi/uvicorn/pydantic: they come as wheels from .whl/ (see benchmarks/README.md).
+# The GPU image has no fastapi/uvicorn/pydantic: they come as py3.12 wheels from .whl/ (the README says how to fill it).
 # Usage (repo root, on the GPU machine, with .whl/ carried): OUT=dir bash benchmarks/h200_serve.sh
 set -u
 SITE=/tmp/tachyon_site
