@@ -104,8 +104,9 @@ def add_bench_args(p: argparse.ArgumentParser) -> None:
     sp = common("serve", "HTTP client against an OpenAI-compatible --base-url", "openai")
     sp = common("sweep", "throughput (or serve with --base-url) over a list of concurrencies", "tachyon")
     sp.add_argument("--concurrency", default=None, help="comma-separated (default: the workload's, or 1,4,16,64)")
-    sp.add_argument("--prompts-per-concurrency", type=int, default=1,
-                    help="requests per run = concurrency x this")
+    sp.add_argument("--prompts-per-concurrency", type=int, default=None,
+                    help="requests per run = concurrency x this (default: the workload's own counts, "
+                         "as serve's 16/128/256/1000 at 1/16/64/256; else 1)")
     sp = common("ladder", "transformers fp16 eager -> +compile -> +SDPA/flash -> bf16 -> Tachyon (-> quantized)",
                 "all steps")
     sp.add_argument("--steps", default=None, help="comma-separated step names (default: all)")
@@ -172,6 +173,8 @@ def _concurrencies(args, spec: WorkloadSpec, command: str) -> list[int | None]:
         cs = spec.concurrencies or [1, 4, 16, 64]
     if not cs or min(cs) < 1:
         raise ValueError("--concurrency values must be >= 1")
+    if args.prompts_per_concurrency is not None and args.prompts_per_concurrency < 1:
+        raise ValueError("--prompts-per-concurrency must be >= 1")
     return cs
 
 
@@ -228,7 +231,8 @@ def _prepare(backend, slot: _Slot, args, spec: WorkloadSpec, command: str) -> No
     c = slot.c
     n = None
     if command == "sweep":
-        n = c * args.prompts_per_concurrency
+        ppc = args.prompts_per_concurrency
+        n = c * ppc if ppc else spec.prompts_at.get(c, c)  # the workload's own counts (serve: 16 at c=1, ...)
         if slot.name == "hf" and not args.hf_batch_size:
             backend.batch_size = c
         if slot.name == "openai":

@@ -40,6 +40,7 @@ class WorkloadSpec:
     chat: bool = False  # one fixed chat message through the model's chat template
     jsonl: str | None = None
     concurrencies: list[int] = field(default_factory=list)  # sweep: the default concurrency list
+    prompts_at: dict[int, int] = field(default_factory=dict)  # sweep: requests per run at a concurrency
     notes: str = ""
 
     def describe(self) -> dict:
@@ -54,7 +55,8 @@ NAMED: dict[str, WorkloadSpec] = {
                           notes="c requests at once for each c; output tok/s per c"),
     "throughput": WorkloadSpec("throughput", 1000, 512, 512),
     "random": WorkloadSpec("random", 256, (100, 1024), (100, 1024), input_seed=12, output_seed=13, seed=12),
-    "serve": WorkloadSpec("serve", 1000, 512, 256,
+    "serve": WorkloadSpec("serve", 1000, 512, 256, concurrencies=[1, 16, 64, 256],
+                          prompts_at={1: 16, 16: 128, 64: 256, 256: 1000},
                           notes="16/128/256/1000 prompts at max-concurrency 1/16/64/256; 600 at 20 req/s"),
     "prefix": WorkloadSpec("prefix", 256, 128, 128, prefix_len=2048),
     "cpu-single": WorkloadSpec("cpu-single", 1, 0, 128, chat=True, notes="a chat prompt; decode tok/s, TTFT"),

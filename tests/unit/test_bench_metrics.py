@@ -190,3 +190,27 @@ def test_decode_rate_counts_tokens_not_chunks():
     assert r.decode_tok_s == pytest.approx(16 / 0.08)
     assert r.tpot == pytest.approx(0.08 / 16)
     assert r.itl == pytest.approx([0.04, 0.04])  # ITL stays per chunk, as vLLM's bench reports it
+
+
+def test_sweep_uses_the_workloads_own_request_counts():
+    import argparse
+
+    from tachyon.bench.cli import _prepare, _Slot
+
+    class Backend:
+        vocab_size, tokenizer, max_concurrency = 1000, None, None
+
+        def chat_ids(self, message):
+            return None
+
+    sizes = {}
+    for ppc in (None, 2):
+        args = argparse.Namespace(prompts_per_concurrency=ppc, hf_batch_size=None, num_warmups=0)
+        for c in (1, 16, 64, 256):
+            slot = _Slot("openai", "openai", c)
+            backend = Backend()
+            _prepare(backend, slot, args, NAMED["serve"], "sweep")
+            assert backend.max_concurrency == c
+            sizes[ppc, c] = len(slot.reqs)
+    assert [sizes[None, c] for c in (1, 16, 64, 256)] == [16, 128, 256, 1000]  # shared/WORKLOADS.md's serve
+    assert [sizes[2, c] for c in (1, 16, 64, 256)] == [2, 32, 128, 512]
