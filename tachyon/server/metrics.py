@@ -139,8 +139,8 @@ class ServerMetrics:
             for c in out.outputs:  # inter-token latency per sequence: its first token is not one
                 n, before = len(c.token_ids), seen.num_tokens.get(c.index, 0)
                 if n > before:
-                    if before:
-                        gap = now - seen.last_token_time[c.index]
+                    if before:  # several tokens in one step (multi-step decoding): the gap is shared out
+                        gap = (now - seen.last_token_time[c.index]) / (n - before)
                         for _ in range(n - before):
                             self.itl.observe(gap)
                     seen.num_tokens[c.index], seen.last_token_time[c.index] = n, now

@@ -1,0 +1,28 @@
+"""Server metrics from the engine thread: per-token latency when one step delivers several tokens."""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("prometheus_client")
+
+from tachyon.outputs import CompletionOutput, RequestMetrics, RequestOutput  # noqa: E402
+from tachyon.server import metrics as metrics_mod  # noqa: E402
+
+
+def _out(n: int, finished: bool = False) -> RequestOutput:
+    m = RequestMetrics(arrival_time=0.0, first_scheduled_time=0.0, first_token_time=1.0)
+    return RequestOutput("r", None, [1, 2], [CompletionOutput(0, "", list(range(n)))], finished, m)
+
+
+def test_itl_shares_a_multi_token_gap_out_per_token(llm, monkeypatch):
+    sm = metrics_mod.ServerMetrics(llm.engine, "m")
+    clock = iter([1.0, 1.04, 1.08])  # first token, then 8 more after 40 ms, then 2 more after 40 ms
+    monkeypatch.setattr(metrics_mod.time, "monotonic", lambda: next(clock))
+    sm.on_step([_out(1)], 0.01)
+    sm.on_step([_out(9)], 0.04)
+    sm.on_step([_out(11)], 0.04)
+    count = sm.registry.get_sample_value("tachyon:inter_token_latency_seconds_count", {"model_name": "m"})
+    total = sm.registry.get_sample_value("tachyon:inter_token_latency_seconds_sum", {"model_name": "m"})
+    assert count == 10
+    assert total == pytest.approx(0.08)  # 8 x 5 ms + 2 x 20 ms: the wall time between the first and last token
