@@ -230,11 +230,12 @@ class LLMEngine:
             m.first_scheduled_time = min(scheduled) if scheduled else None
             last = [s.metrics.last_token_time for s in g.seqs if s.metrics.last_token_time is not None]
             m.last_token_time = max(last) if last else None
-        if m.finished_time is None and all(s.is_finished for s in g.seqs):  # aborted
+        if finished is None:
+            finished = all(s.is_finished for s in g.seqs)
+        if finished and m.finished_time is None:  # aborted
             m.finished_time = max(s.metrics.finished_time or 0.0 for s in g.seqs) or None
         return RequestOutput(request_id=g.request_id, prompt=g.prompt, prompt_token_ids=g.prompt_token_ids,
-                             outputs=comps, finished=all(s.is_finished for s in g.seqs) if finished is None
-                             else finished, metrics=g.metrics,
+                             outputs=comps, finished=finished, metrics=g.metrics,
                              num_cached_tokens=g.seqs[0].num_cached_tokens)
 
     # -- introspection -------------------------------------------------------------------------------------
