@@ -116,3 +116,33 @@ def test_large_batch_runs_past_finishing_sequences(tiny):
         assert o.outputs[0].token_ids == hf_greedy(hf, p, m)
     llm.engine.check_integrity()
     assert llm.engine.kv.num_free_blocks == llm.engine.kv.num_blocks
+
+
+def test_multi_step_n_greater_than_one_and_abort(tiny):
+    """n > 1 siblings (forked after the prompt) give the same tokens with and without multi-step; an abort
+    between runs frees everything."""
+    path, _ = tiny
+    prompt = _prompts(1, seed=21)[0]
+    params = SamplingParams(n=3, temperature=0.8, seed=5, max_tokens=14, ignore_eos=True)
+    results = []
+    for steps in (1, 4):
+        llm = LLM(model=path, num_kv_blocks=120, block_size=8, swap_space=0, num_scheduler_steps=steps,
+                  dtype="float32")
+        calls = _spy_multi(llm) if steps > 1 else []
+        (out,) = llm.generate([{"prompt_token_ids": prompt}], params)
+        assert (steps > 1) == bool(calls)
+        results.append([c.token_ids for c in out.outputs])
+        assert llm.engine.kv.num_free_blocks == llm.engine.kv.num_blocks
+    assert results[0] == results[1]
+    assert all(len(t) == 14 for t in results[1])
+
+    eng = llm.engine
+    eng.add_request("x", None, prompt, SamplingParams(temperature=0, max_tokens=40, ignore_eos=True))
+    for _ in range(3):
+        eng.step()
+    assert calls[-1] == 4 and eng.kv.num_free_blocks < eng.kv.num_blocks
+    eng.abort_request("x")
+    (out,) = eng.step()
+    assert out.finished and out.outputs[0].finish_reason == "abort"
+    assert 0 < len(out.outputs[0].token_ids) < 40
+    assert not eng.has_unfinished_requests() and eng.kv.num_free_blocks == eng.kv.num_blocks
