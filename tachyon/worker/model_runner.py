@@ -162,9 +162,17 @@ class ModelRunner:
             slots = x.block_tables[rows, pos // self.block_size].astype(np.int64) * self.block_size + pos % self.block_size
             xs.append(replace(x, positions=pos, slot_mapping=slots, seq_lens=x.seq_lens + j))
         reqs = x.sample_reqs
+        cuda = self.device.type == "cuda"
+        host = torch.empty(num_steps, S, dtype=torch.long, pin_memory=True) if cuda else None
+        landed: list[torch.cuda.Event] = []
 
         def sample(logits):
-            return self.sampler.sample_tokens(logits, reqs)
+            step_ids = self.sampler.sample_tokens(logits, reqs)
+            if cuda:  # queued right behind this step, so the host can read it while the next steps run
+                host[len(landed)].copy_(step_ids, non_blocking=True)
+                landed.append(torch.cuda.Event())
+                landed[-1].record()
+            return step_ids
 
         graphs = self.cuda_graphs
         if graphs is not None and graphs.fits(S):
@@ -176,17 +184,11 @@ class ModelRunner:
                                     self.backend)
                 step_ids = sample(self.model.compute_logits(hidden))
                 ids.append(step_ids)
-        if self.device.type != "cuda":
+        if not cuda:
             return reqs, iter(torch.stack(ids).tolist())
-        host = torch.empty(num_steps, S, dtype=torch.long, pin_memory=True)
-        done = []
-        for j, step_ids in enumerate(ids):
-            host[j].copy_(step_ids, non_blocking=True)
-            done.append(torch.cuda.Event())
-            done[-1].record()
 
         def steps() -> Iterator[list[int]]:
-            for j, ev in enumerate(done):
+            for j, ev in enumerate(landed):
                 ev.synchronize()
                 yield host[j].tolist()
 
