@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 
 VLLM = {  # vLLM 0.26 on the same card kind, same workloads (shared/anchors/h200.json)
     "single_decode_tok_s": 214.0, "single_ttft_s": 0.0161,

@@ -143,7 +143,7 @@ class LLMEngine:
         if num_steps > 1:
             sample_reqs, ids = self.runner.execute_multi(sched, num_steps)
             for step_ids in ids:  # as if the steps had run one by one: stops cut the rest off
-                self._postprocess(self.scheduler.update(sched, dict(zip(sample_reqs, step_ids))), touched)
+                self._postprocess(self.scheduler.update(sched, dict(zip(sample_reqs, step_ids, strict=True))), touched)
         else:
             sample_reqs, sampler_out = self.runner.execute(sched)
             sampled = {}

@@ -155,7 +155,7 @@ def tune_linears(model: torch.nn.Module, row_counts: list[int]) -> dict:
         for m in buckets:
             x = torch.randn(m, K, dtype=dtype, device=mods[0].weight.device)
 
-            def run_all(cfg):
+            def run_all(cfg, mods=mods, x=x):
                 for mod in mods:
                     if cfg is None:
                         F.linear(x, mod.weight, mod.bias)

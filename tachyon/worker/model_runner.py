@@ -216,7 +216,6 @@ class ModelRunner:
         self.timings["kernel_warmup_s"] = time.perf_counter() - t0
         t0 = time.perf_counter()
         from tachyon.kernels.gemv import tune_linears
-
         from tachyon.worker.cuda_graphs import capture_sizes
 
         # small-batch linears: the skinny-GEMM kernel where it beats cuBLAS on these very weights

@@ -8,11 +8,11 @@ import socket
 import subprocess
 import sys
 import threading
-import time
 
 import pytest
 
 from tachyon.cli import main
+from tests.integration.conftest import _wait_healthy
 
 TTFT_S = 0.25  # the fake server's delay before the first token
 ITL_S = 0.05  # ... and between tokens
@@ -177,25 +177,16 @@ def _server_available() -> bool:
 
 @pytest.mark.skipif(not _server_available(), reason="tachyon.server.app is not importable yet")
 def test_bench_serve_against_live_tachyon_serve(tmp_path):
-    import httpx
 
     port = _free_port()
     env = {**os.environ, "TOKENIZERS_PARALLELISM": "false"}
     proc = subprocess.Popen([sys.executable, "-m", "tachyon.cli", "serve", "--port", str(port)],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env)
     try:
-        deadline = time.time() + 180
-        while time.time() < deadline:
-            if proc.poll() is not None:
-                pytest.fail("tachyon serve exited: " + proc.stdout.read().decode(errors="replace")[-2000:])
-            try:
-                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.5)
-        else:
-            pytest.fail("tachyon serve did not become healthy in 180 s")
+        try:
+            _wait_healthy(f"http://127.0.0.1:{port}", 180, proc)
+        except RuntimeError:
+            pytest.fail("tachyon serve exited: " + proc.stdout.read().decode(errors="replace")[-2000:])
         out = tmp_path / "live.json"
         r = subprocess.run([sys.executable, "-m", "tachyon.cli", "bench", "serve", "--base-url",
                             f"http://127.0.0.1:{port}", "--num-prompts", "8", "--input-len", "32",

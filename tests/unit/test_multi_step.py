@@ -45,7 +45,7 @@ def test_multi_step_greedy_matches_transformers(tiny):
     outs = llm.generate([{"prompt_token_ids": p} for p in prompts],
                         [SamplingParams(temperature=0, max_tokens=m, ignore_eos=True) for m in max_tokens])
     assert calls and max(calls) == 4 and min(calls) >= 2
-    for p, m, o in zip(prompts, max_tokens, outs):
+    for p, m, o in zip(prompts, max_tokens, outs, strict=True):
         assert o.outputs[0].token_ids == hf_greedy(hf, p, m)
         assert o.outputs[0].finish_reason == "length"
     llm.engine.check_integrity()
@@ -111,7 +111,7 @@ def test_large_batch_runs_past_finishing_sequences(tiny):
     outs = llm.generate([{"prompt_token_ids": p} for p in prompts],
                         [SamplingParams(temperature=0, max_tokens=m, ignore_eos=True) for m in max_tokens])
     assert calls and calls[0] == 6, calls  # the first run is not shortened to the smallest remaining (2)
-    for p, m, o in zip(prompts, max_tokens, outs):
+    for p, m, o in zip(prompts, max_tokens, outs, strict=True):
         assert len(o.outputs[0].token_ids) == m
         assert o.outputs[0].token_ids == hf_greedy(hf, p, m)
     llm.engine.check_integrity()
