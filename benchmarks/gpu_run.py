@@ -318,6 +318,58 @@ def graph_replay_ms(llm, batch: int) -> float | None:
     return s.elapsed_time(e) / 50
 
 
+def decode_floor(llm, batch: int, ctx: int, reps: int = 20) -> dict:
+    """GPU time of one decode CUDA-graph replay with `batch` sequences at context `ctx` (real blocks, so
+    attention reads ctx tokens per sequence): the device floor of a decode step at that load, to set against
+    the wall time per forward that a workload measured."""
+    import bisect
+
+    from tachyon.engine.request import Request
+    from tachyon.outputs import RequestMetrics
+
+    runner = llm.engine.runner
+    kv = llm.engine.kv
+    g = runner.cuda_graphs
+    bs = g.sizes[bisect.bisect_left(g.sizes, batch)]
+    reqs = []
+    for j in range(batch):
+        r = Request(request_id=f"floor{j}", group_id="floor", index=0, prompt_token_ids=[5] * ctx,
+                    sampling_params=SamplingParams(temperature=0), max_tokens=1, eos_token_ids=frozenset(),
+                    metrics=RequestMetrics(0.0))
+        assert kv.allocate(r, ctx), "decode floor does not fit the KV pool"
+        reqs.append(r)
+    try:
+        nb = len(reqs[0].block_ids)
+        bt = torch.tensor([r.block_ids for r in reqs], dtype=torch.int32)
+        g.block_tables[:batch, :nb].copy_(bt)
+        pos = ctx - 1
+        g.positions[:bs].fill_(pos)
+        g.seq_lens[:batch].fill_(ctx)
+        g.seq_lens[batch:bs].fill_(0)
+        slots = bt[:, pos // 16].long() * 16 + pos % 16
+        g.slot_mapping[:batch].copy_(slots)
+        g.slot_mapping[batch:bs].fill_(-1)
+        g.input_ids[:bs].fill_(7)
+        graph = g.graphs[bs]
+        for _ in range(3):
+            graph.replay()
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        s.record()
+        for _ in range(reps):
+            graph.replay()
+        e.record()
+        e.synchronize()
+        ms = s.elapsed_time(e) / reps
+    finally:
+        for r in reqs:
+            kv.free(r)
+    weights = sum(p.numel() * p.element_size() for p in runner.model.parameters()) - \
+        runner.model.embed_tokens.weight.numel() * 2
+    kv_bytes = batch * ctx * 32 * 8 * 128 * 2 * 2
+    return {"batch": batch, "graph_size": bs, "ctx": ctx, "replay_ms": ms,
+            "GB_moved": (weights + kv_bytes) / 1e9, "TBps": (weights + kv_bytes) / ms / 1e9}
+
+
 def step_profile(llm, batch: int, ctx: int, prefill_tokens: int) -> dict:
     """Per-kernel GPU time of one eager decode step (batch x 1 token at context ctx) and one prefill step."""
     from torch.profiler import ProfilerActivity, profile
@@ -403,12 +455,13 @@ def cmd_perf(args) -> dict:
     t = time.perf_counter()
     llm = LLM(model=LLAMA8B, load_format="dummy", dtype="bfloat16", max_model_len=4096,
               max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
-              enable_prefix_caching=True, swap_space=0)
+              enable_prefix_caching=True, swap_space=0, num_scheduler_steps=args.num_scheduler_steps)
     runner = llm.engine.runner
     out["startup_s"] = time.perf_counter() - t
     out["startup_breakdown"] = runner.timings
     out["num_kv_blocks"] = llm.engine.kv.num_blocks
     out["engine_config"] = {"max_num_seqs": args.max_num_seqs, "max_num_batched_tokens": args.max_num_batched_tokens,
+                            "num_scheduler_steps": llm.engine.config.scheduler.num_scheduler_steps,
                             "max_model_len": 4096, "block_size": 16, "cuda_graph_sizes": runner.cuda_graphs.sizes
                             if runner.cuda_graphs else None}
     params = sum(p.numel() * p.element_size() for p in runner.model.parameters())
@@ -446,6 +499,11 @@ def cmd_perf(args) -> dict:
         sc.num_scheduler_steps = 1  # the same with one host round trip per token
         best["one_step_per_round_trip"] = sorted((run_single(llm, req) for _ in range(3)),
                                                  key=lambda x: x["decode_tok_s"])[1]
+        best["by_num_scheduler_steps"] = {}
+        for depth in (2, 3, 4, 8):
+            sc.num_scheduler_steps = depth
+            best["by_num_scheduler_steps"][depth] = sorted((run_single(llm, req) for _ in range(3)),
+                                                          key=lambda x: x["decode_tok_s"])[1]["decode_tok_s"]
         sc.num_scheduler_steps = k
         out["single"] = best
         log("single", best)
@@ -492,6 +550,14 @@ def cmd_perf(args) -> dict:
         llm.engine.kv.enable_prefix_caching = True
         out["prefix"] = res
         save()
+    if "floor" in wl:
+        try:
+            out["decode_floor"] = [decode_floor(llm, b, c) for b, c in ((1, 768), (4, 640), (16, 640), (64, 640),
+                                                                        (256, 640), (256, 768))]
+        except Exception:
+            out["decode_floor"] = {"error": traceback.format_exc()}
+        log("decode floor", out["decode_floor"])
+        save()
     if "profile" in wl:
         try:
             out["profile"] = step_profile(llm, batch=64, ctx=768, prefill_tokens=2048)
@@ -508,6 +574,7 @@ def main():
     ap.add_argument("--workloads", default="single,sweep,throughput,random,prefix,profile")
     ap.add_argument("--max-num-seqs", type=int, default=256)
     ap.add_argument("--max-num-batched-tokens", type=int, default=8192)
+    ap.add_argument("--num-scheduler-steps", type=int, default=None)
     ap.add_argument("--hf-concurrency", default="1,4,16,64,256")
     ap.add_argument("--hf-out", type=int, default=256)
     ap.add_argument("--greedy-only", action="store_true", help="correctness: skip the Triton-vs-torch logits check")

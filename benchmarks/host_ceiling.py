@@ -37,6 +37,8 @@ class InstantRunner:
 
         self.prepare = ModelRunner.prepare.__get__(self)
         self.block_size = block_size
+        self.device = torch.device("cpu")
+        self.cuda_graphs = None
         self.sampler = Sampler(vocab, torch.device("cpu"))
         self.rng = random.Random(0)
         self.vocab = vocab
@@ -51,9 +53,17 @@ class InstantRunner:
         n = len(x.sample_reqs)
         return x.sample_reqs, SamplerOutput(self._ids(n), [None] * n, [None] * n)
 
-    def execute_multi(self, out, num_steps: int):
-        x = self.prepare(out.seqs)
-        return x.sample_reqs, iter([self._ids(len(x.sample_reqs)) for _ in range(num_steps)])
+    def start_decode_run(self, seqs):
+        from tachyon.worker.decode_run import DecodeRun
+
+        runner = self
+
+        class InstantRun(DecodeRun):
+            def launch(self, live):
+                self._pending.append(runner._ids(self.size))
+                self.launched += 1
+
+        return InstantRun(self, seqs)
 
 
 def main() -> None:
@@ -77,7 +87,9 @@ def main() -> None:
                        scheduler=SchedulerConfig(max_num_batched_tokens=8192, max_num_seqs=256, max_model_len=4096,
                                                  num_scheduler_steps=args.num_scheduler_steps),
                        device=torch.device("cpu"), dtype=torch.bfloat16)
-    engine = LLMEngine(cfg, load_tokenizer(MODEL), InstantRunner(mc.vocab_size, 16), 80_000)
+    runner = InstantRunner(mc.vocab_size, 16)
+    runner.config = cfg
+    engine = LLMEngine(cfg, load_tokenizer(MODEL), runner, 80_000)
     app = create_app(AsyncEngine(engine), "llama3-8b-serve")
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

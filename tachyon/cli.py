@@ -29,8 +29,8 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--attention-backend", default="auto", choices=["auto", "torch", "triton"])
     g.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs")
     g.add_argument("--num-scheduler-steps", type=int, default=None,
-                   help="decode forwards per host round trip when no request can be admitted "
-                        "(default: 8 with CUDA graphs, else 1)")
+                   help="decode forwards queued on the GPU ahead of the host's bookkeeping when no request "
+                        "can be admitted (default: 3 with CUDA graphs, else 1 = one forward per round trip)")
 
 
 def engine_kwargs(args: argparse.Namespace) -> dict:

@@ -156,8 +156,8 @@ class SchedulerConfig:
     max_num_batched_tokens: int = 2048
     max_num_seqs: int = 256
     max_model_len: int = 4096
-    # decode-only steps run this many forwards back to back, feeding sampled ids on the device, before the
-    # host looks at the tokens (stop checks, outputs): the host's per-step work is paid once per run
+    # decode-only batches become runs (tachyon.worker.decode_run): up to this many forwards queued on the
+    # device, each fed the previous one's sampled ids there, while the host does the bookkeeping of the oldest
     num_scheduler_steps: int = 1
 
 

@@ -33,7 +33,7 @@ class EngineArgs:
     load_format: str = "auto"  # auto | dummy (random weights, no checkpoint read)
     attention_backend: str = "auto"  # auto | torch | triton
     enforce_eager: bool = False
-    num_scheduler_steps: int | None = None  # None: 8 with CUDA graphs, else 1
+    num_scheduler_steps: int | None = None  # None: 3 with CUDA graphs, else 1
 
 
     @classmethod
@@ -74,7 +74,7 @@ class EngineArgs:
             scheduler=SchedulerConfig(max_num_batched_tokens=max(self.max_num_batched_tokens or default_tokens, 1),
                                       max_num_seqs=self.max_num_seqs, max_model_len=max_len,
                                       num_scheduler_steps=max(1, self.num_scheduler_steps or (
-                                          8 if device.type == "cuda" and backend == "triton"
+                                          3 if device.type == "cuda" and backend == "triton"
                                           and not self.enforce_eager else 1))),
             device=device, dtype=dtype, attention_backend=backend, enforce_eager=self.enforce_eager, seed=self.seed,
         )

@@ -48,6 +48,7 @@ class LLMEngine:
         self._aborts: deque[str] = deque()
         self._lock = threading.Lock()
         self.stats = {"prompt_tokens": 0, "generation_tokens": 0, "steps": 0}
+        self._run = None  # a decode run in flight (tachyon.worker.decode_run.DecodeRun)
 
     # -- requests ---------------------------------------------------------------------------------------
     def validate(self, prompt_token_ids: list[int], params: SamplingParams) -> int:
@@ -133,28 +134,33 @@ class LLMEngine:
     # -- the loop ----------------------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
         outputs = self._drain_incoming()
+        if self._run is not None:
+            return outputs + self._run_step()
         sched = self.scheduler.schedule()
         if sched.swap_out or sched.swap_in:
             self.scheduler.swapper.apply(self.runner, sched)
         if sched.is_empty:
             return outputs
+        if self._can_run_ahead(sched):
+            self._run = self.runner.start_decode_run(sched.seqs)
+            self._run.sched = sched
+            self._top_up(self._run)
+            return outputs + self._run_step()
         touched: dict[str, _Group] = {}
-        num_steps = self._num_steps(sched)
-        if num_steps > 1:
-            sample_reqs, ids = self.runner.execute_multi(sched, num_steps)
-            for step_ids in ids:  # as if the steps had run one by one: stops cut the rest off
-                self._postprocess(self.scheduler.update(sched, dict(zip(sample_reqs, step_ids, strict=True))), touched)
-        else:
-            sample_reqs, sampler_out = self.runner.execute(sched)
-            sampled = {}
-            if sampler_out is not None:
-                for i, req in enumerate(sample_reqs):
-                    sampled[req] = sampler_out.token_ids[i]
-                    if req.logprobs is not None:
-                        req.logprobs.append(sampler_out.logprobs[i])
-                    if sampler_out.sampled_logprobs[i] is not None:
-                        req.cumulative_logprob += sampler_out.sampled_logprobs[i]
-            self._postprocess(self.scheduler.update(sched, sampled), touched)
+        sample_reqs, sampler_out = self.runner.execute(sched)
+        sampled = {}
+        if sampler_out is not None:
+            for i, req in enumerate(sample_reqs):
+                sampled[req] = sampler_out.token_ids[i]
+                if req.logprobs is not None:
+                    req.logprobs.append(sampler_out.logprobs[i])
+                if sampler_out.sampled_logprobs[i] is not None:
+                    req.cumulative_logprob += sampler_out.sampled_logprobs[i]
+        self._postprocess(self.scheduler.update(sched, sampled), touched)
+        return outputs + self._outputs(touched)
+
+    def _outputs(self, touched: dict[str, _Group]) -> list[RequestOutput]:
+        outputs = []
         for g in touched.values():
             if g.metrics.first_token_time is None:
                 g.metrics.first_token_time = min(s.metrics.first_token_time or float("inf") for s in g.seqs)
@@ -166,33 +172,62 @@ class LLMEngine:
                 outputs.append(self._make_output(g, done))
         return outputs
 
-    def _num_steps(self, sched) -> int:
-        """How many decode forwards this step may run back to back (1 = an ordinary step): only when every
-        running sequence decodes with plain sampling and nobody waiting could be admitted meanwhile."""
-        n = self.config.scheduler.num_scheduler_steps
+    # -- decode runs: forwards queued on the device ahead of the host -----------------------------------------
+    def _admissible(self) -> bool:
+        """Someone waits and the batch has room: the next step should be an ordinary one that admits it."""
         sch = self.scheduler
-        if n <= 1 or sched.preempted or sched.swap_in or len(sched.seqs) != len(sch.running):
-            return 1
-        if (sch.waiting or self._incoming) and len(sch.running) < self.config.scheduler.max_num_seqs:
-            return 1
-        if not getattr(self.runner, "execute_multi", None):
-            return 1
+        return bool(sch.waiting or self._incoming) and len(sch.running) < self.config.scheduler.max_num_seqs
+
+    def _can_run_ahead(self, sched) -> bool:
+        """Whether this step may start a decode run: every running sequence decodes with plain sampling
+        (ids alone; no penalties, logprobs or pending min_tokens), and nobody waiting could be admitted."""
+        sch = self.scheduler
+        if (self.config.scheduler.num_scheduler_steps <= 1 or sched.preempted or sched.swap_in
+                or len(sched.seqs) != len(sch.running) or self._admissible()
+                or not hasattr(self.runner, "start_decode_run")):
+            return False
         max_len = self.config.scheduler.max_model_len
-        # In a small batch a sequence that finishes mid-run would hold the others' outputs back and waste
-        # whole forwards, so the run ends where the first one finishes; in a large batch its leftover rows
-        # cost little and the run goes on (the context limit always bounds it: slots beyond it don't exist).
-        small = len(sched.seqs) < 16
+        needs_history = self.runner.sampler.needs_history
+        more = False
         for s in sched.seqs:
             r = s.req
-            if s.num_new_tokens != 1 or not s.sample or r.pending_forks or self.runner.sampler.needs_history(r):
-                return 1
-            n = min(n, max_len - r.num_tokens, r.max_tokens - r.num_output_tokens if small else n)
-            if n < 2:
-                return 1
-        for s in sched.seqs:  # room for every step's token (blocks beyond the first stay with the sequence)
-            if not self.kv.allocate(s.req, n):
-                return 1
-        return n
+            if s.num_new_tokens != 1 or not s.sample or r.pending_forks or needs_history(r):
+                return False
+            more = more or min(r.max_tokens - r.num_output_tokens, max_len - r.num_tokens) > 1
+        return more  # a batch whose every sequence ends with this token gains nothing from a run
+
+    def _top_up(self, run) -> None:
+        """Queue steps until num_scheduler_steps are in flight, unless the run should end: someone can be
+        admitted, no live row is left, the batch has thinned out, or the KV pool has no block for a row."""
+        depth = self.config.scheduler.num_scheduler_steps
+        while not run.stopped and run.in_flight < depth:
+            live = run.live_rows()
+            n = int(live.sum())
+            if self._admissible() or n == 0 or not run.worth_running(n):
+                run.stopped = True
+                return
+            rows = run.rows_needing_blocks(live)
+            if len(rows):
+                ahead = run.launched - run.consumed + 1  # tokens from the host's count to this step's slot
+                for i in rows:
+                    if not self.kv.allocate(run.reqs[i], ahead):
+                        run.stopped = True  # the next ordinary step preempts as it must
+                        run.note_blocks(rows)
+                        return
+                run.note_blocks(rows)
+            run.launch(live)
+
+    def _run_step(self) -> list[RequestOutput]:
+        """Consume the run's oldest step as an ordinary step would (stops cut a sequence off exactly there),
+        queue more, and return this token's outputs."""
+        run = self._run
+        ids = run.next_ids()
+        touched: dict[str, _Group] = {}
+        self._postprocess(self.scheduler.update(run.sched, dict(zip(run.reqs, ids, strict=True))), touched)
+        self._top_up(run)
+        if run.in_flight == 0 or all(r.is_finished for r in run.reqs):
+            self._run = None  # steps still queued only compute dead rows: nobody needs their ids
+        return self._outputs(touched)
 
     def _postprocess(self, got: list[Request], touched: dict[str, _Group]) -> None:
         """Detokenize the new tokens, apply stop strings, note which user requests changed."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import bisect
 
+import numpy as np
 import torch
 
 from tachyon.layers.attention import AttentionMetadata
@@ -76,42 +77,50 @@ class CudaGraphs:
     def fits(self, batch: int) -> bool:
         return batch <= self.sizes[-1]
 
-    def replay_steps(self, xs: list, sample) -> list[torch.Tensor]:
-        """Decode steps of one batch back to back with no host sync: step j+1's input ids are step j's
-        sampled ids (`sample(logits) -> ids [B]`, on the device). xs: the steps' StepInputs (ids of the
-        first only). Returns the sampled ids of each step."""
-        K, B = len(xs), len(xs[0].q_lens)
-        bs = self.sizes[bisect.bisect_left(self.sizes, B)]
-        stage = torch.zeros(K, 4, bs, dtype=torch.long, pin_memory=True)  # one H2D copy for all steps
+    def padded(self, batch: int) -> int:
+        """The captured size a batch of this many sequences runs at."""
+        return self.sizes[bisect.bisect_left(self.sizes, batch)]
+
+    def replay_decode(self, ids, positions: np.ndarray, slots: np.ndarray, seq_lens: np.ndarray,
+                      block_tables: np.ndarray | None) -> torch.Tensor:
+        """One step of a decode run (tachyon.worker.decode_run): ids are a host array or the previous step's
+        sampled ids on the device; block_tables only when they changed since the last step. Each call
+        stages through its own pinned buffer, so steps can be queued while earlier copies are pending.
+        Returns logits [B, vocab]."""
+        B = len(positions)
+        bs = self.padded(B)
+        stage = torch.empty(4, bs, dtype=torch.long, pin_memory=True)
         st = stage.numpy()
-        st[0, 0, :B] = xs[0].input_ids
-        for j, x in enumerate(xs):
-            st[j, 1, :B] = x.positions
-            st[j, 2, :B] = x.slot_mapping
-            st[j, 2, B:] = -1
-            st[j, 3, :B] = x.seq_lens
-        nb = xs[0].block_tables.shape[1]
-        bt = self._stage_bt.numpy()
-        bt[:B, :nb] = xs[0].block_tables
+        host_ids = isinstance(ids, np.ndarray)
+        st[0] = 0
+        if host_ids:
+            st[0, :B] = ids
+        st[1, :B] = positions
+        st[1, B:] = 0
+        st[2, :B] = slots
+        st[2, B:] = -1
+        st[3, :B] = seq_lens
+        st[3, B:] = 0
         dev = self.input_ids.device
         staged = stage.to(dev, non_blocking=True)
-        self.block_tables[:B, :nb].copy_(self._stage_bt[:B, :nb].to(dev, non_blocking=True))
-        self.input_ids[:bs].copy_(staged[0, 0])
-        out = []
-        for j in range(K):
-            if j:
-                self.input_ids[:B].copy_(out[-1])
-            self.positions[:bs].copy_(staged[j, 1])
-            self.slot_mapping[:bs].copy_(staged[j, 2])
-            self.seq_lens[:bs].copy_(staged[j, 3])
-            self.graphs[bs].replay()
-            out.append(sample(self.logits[:B]))  # queued before the next replay overwrites the logits
-        return out
+        if host_ids:
+            self.input_ids[:bs].copy_(staged[0])
+        else:
+            self.input_ids[:B].copy_(ids)
+        self.positions[:bs].copy_(staged[1])
+        self.slot_mapping[:bs].copy_(staged[2])
+        self.seq_lens[:bs].copy_(staged[3])
+        if block_tables is not None:
+            nb = block_tables.shape[1]
+            bt = torch.from_numpy(block_tables).pin_memory()
+            self.block_tables[:B, :nb].copy_(bt.to(dev, non_blocking=True))
+        self.graphs[bs].replay()
+        return self.logits[:B]
 
     def replay(self, x) -> torch.Tensor:
         """x: StepInputs of a decode-only batch. Returns logits [padded batch, vocab]."""
         B = len(x.q_lens)
-        bs = self.sizes[bisect.bisect_left(self.sizes, B)]
+        bs = self.padded(B)
         st = self._stage.numpy()
         st[0, :B] = x.input_ids
         st[1, :B] = x.positions

@@ -6,8 +6,7 @@ Decodes (one new token) go first in the batch, then prefill chunks, as the atten
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -147,52 +146,11 @@ class ModelRunner:
             return x.sample_reqs, None
         return x.sample_reqs, self.sampler(logits, x.sample_reqs)
 
-    @torch.inference_mode()
-    def execute_multi(self, out: SchedulerOutput, num_steps: int) -> tuple[list[Request], Iterator[list[int]]]:
-        """A decode-only batch for num_steps forwards, each feeding its sampled ids to the next on the device;
-        the blocks for every step's slot are already allocated. Returns the sequences and an iterator over
-        each step's ids, which hands out step j as soon as the GPU has it, while later steps still run: the
-        host's bookkeeping for step j overlaps the forwards after it."""
-        x = self.prepare(out.seqs)
-        S = len(x.q_lens)
-        rows = np.arange(S)
-        xs = []
-        for j in range(num_steps):
-            pos = x.positions + j
-            slots = x.block_tables[rows, pos // self.block_size].astype(np.int64) * self.block_size + pos % self.block_size
-            xs.append(replace(x, positions=pos, slot_mapping=slots, seq_lens=x.seq_lens + j))
-        reqs = x.sample_reqs
-        cuda = self.device.type == "cuda"
-        host = torch.empty(num_steps, S, dtype=torch.long, pin_memory=True) if cuda else None
-        landed: list[torch.cuda.Event] = []
+    def start_decode_run(self, seqs: list[ScheduledSeq]):
+        """A decode-only batch as a run of forwards queued ahead of the host (tachyon.worker.decode_run)."""
+        from tachyon.worker.decode_run import DecodeRun
 
-        def sample(logits):
-            step_ids = self.sampler.sample_tokens(logits, reqs)
-            if cuda:  # queued right behind this step, so the host can read it while the next steps run
-                host[len(landed)].copy_(step_ids, non_blocking=True)
-                landed.append(torch.cuda.Event())
-                landed[-1].record()
-            return step_ids
-
-        graphs = self.cuda_graphs
-        if graphs is not None and graphs.fits(S):
-            ids = graphs.replay_steps(xs, sample)
-        else:
-            ids, step_ids = [], self._to_device(x.input_ids)
-            for xj in xs:
-                hidden = self.model(step_ids, self._to_device(xj.positions), self.kv_caches, self._metadata(xj),
-                                    self.backend)
-                step_ids = sample(self.model.compute_logits(hidden))
-                ids.append(step_ids)
-        if not cuda:
-            return reqs, iter(torch.stack(ids).tolist())
-
-        def steps() -> Iterator[list[int]]:
-            for j, ev in enumerate(landed):
-                ev.synchronize()
-                yield host[j].tolist()
-
-        return reqs, steps()
+        return DecodeRun(self, seqs)
 
     # -- GPU: memory profile, warm-up, CUDA graphs ----------------------------------------------------------
     @torch.inference_mode()
