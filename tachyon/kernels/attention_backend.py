@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from tachyon.kernels.decode_attention import decode_attention
-from tachyon.kernels.fused_ops import fused_add_rms_norm, rotary, silu_and_mul
+from tachyon.kernels.fused_ops import fused_add_rms_norm, rotary, rotary_write_kv, silu_and_mul
 from tachyon.kernels.kv_write import write_kv
 from tachyon.kernels.paged_attention import prefill_attention
 
@@ -27,6 +27,15 @@ class TritonAttentionBackend:
 
     def forward(self, q, k, v, k_cache, v_cache, meta: AttentionMetadata, scale: float) -> torch.Tensor:
         write_kv(k, v, k_cache, v_cache, meta.slot_mapping)
+        return self._attend(q, k_cache, v_cache, meta, scale)
+
+    def forward_rotary(self, positions, cos_sin_cache, q, k, v, k_cache, v_cache, meta: AttentionMetadata,
+                       scale: float) -> torch.Tensor:
+        """Rotary embedding and the KV write in one kernel, then attention (one launch fewer per layer)."""
+        rotary_write_kv(positions, q, k, v, cos_sin_cache, k_cache, v_cache, meta.slot_mapping)
+        return self._attend(q, k_cache, v_cache, meta, scale)
+
+    def _attend(self, q, k_cache, v_cache, meta: AttentionMetadata, scale: float) -> torch.Tensor:
         out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
         nd = meta.num_decodes
         num_seqs = meta.seq_lens.shape[0]

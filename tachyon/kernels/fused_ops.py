@@ -154,3 +154,64 @@ def rotary(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, cos_sin_ca
         num_warps=4,
     )
     return q, k
+
+
+# ------------------------------------------------------------------------------------- rotary + KV write
+
+
+@triton.jit
+def _rotary_write_kv_kernel(
+    pos_ptr, q_ptr, k_ptr, v_ptr, cs_ptr, kc_ptr, vc_ptr, slot_ptr,
+    stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_cs,
+    stride_cb, stride_cslot, stride_ch,  # k_cache and v_cache share a layout; head dim contiguous
+    num_q_heads, num_k_heads,
+    HALF: tl.constexpr, PAGE: tl.constexpr, BLOCK_HQ: tl.constexpr, BLOCK_HK: tl.constexpr,
+):
+    t = tl.program_id(0).to(tl.int64)
+    pos = tl.load(pos_ptr + t).to(tl.int64)
+    i = tl.arange(0, HALF)[None, :]
+    cos = tl.load(cs_ptr + pos * stride_cs + i).to(tl.float32)
+    sin = tl.load(cs_ptr + pos * stride_cs + HALF + i).to(tl.float32)
+    _rotate(q_ptr, stride_qt, stride_qh, t, cos, sin, num_q_heads, HALF, BLOCK_HQ)
+    # k: rotated once, stored in place and (unless padding) into its cache slot with v beside it
+    h = tl.arange(0, BLOCK_HK)[:, None]
+    mask = h < num_k_heads
+    p1 = k_ptr + t * stride_kt + h * stride_kh + i
+    x1 = tl.load(p1, mask=mask, other=0.0).to(tl.float32)
+    x2 = tl.load(p1 + HALF, mask=mask, other=0.0).to(tl.float32)
+    k1 = (x1 * cos - x2 * sin).to(k_ptr.dtype.element_ty)
+    k2 = (x2 * cos + x1 * sin).to(k_ptr.dtype.element_ty)
+    tl.store(p1, k1, mask=mask)
+    tl.store(p1 + HALF, k2, mask=mask)
+    slot = tl.load(slot_ptr + t).to(tl.int64)
+    if slot >= 0:
+        dst = (slot // PAGE) * stride_cb + (slot % PAGE) * stride_cslot + h * stride_ch + i
+        tl.store(kc_ptr + dst, k1.to(kc_ptr.dtype.element_ty), mask=mask)
+        tl.store(kc_ptr + dst + HALF, k2.to(kc_ptr.dtype.element_ty), mask=mask)
+        pv = v_ptr + t * stride_vt + h * stride_vh + i
+        v1 = tl.load(pv, mask=mask)
+        v2 = tl.load(pv + HALF, mask=mask)
+        tl.store(vc_ptr + dst, v1.to(vc_ptr.dtype.element_ty), mask=mask)
+        tl.store(vc_ptr + dst + HALF, v2.to(vc_ptr.dtype.element_ty), mask=mask)
+
+
+def rotary_write_kv(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                    cos_sin_cache: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                    slot_mapping: torch.Tensor) -> None:
+    """`rotary` then `write_kv` in one launch: rotates q and k in place and writes the rotated k and v of
+    token t into cache slot slot_mapping[t] (skipped where it is negative). Same rounding as the two apart."""
+    T, Hq, D = q.shape
+    Hk = k.shape[1]
+    assert q.stride(-1) == 1 and k.stride(-1) == 1 and v.stride(-1) == 1 and cos_sin_cache.stride(-1) == 1
+    assert cos_sin_cache.shape[-1] == D and D & (D - 1) == 0, "rotary dim must equal head_dim, a power of 2"
+    assert k_cache.stride() == v_cache.stride() and k_cache.stride(-1) == 1
+    if T == 0:
+        return
+    _rotary_write_kv_kernel[(T,)](
+        positions, q, k, v, cos_sin_cache, k_cache, v_cache, slot_mapping,
+        q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), cos_sin_cache.stride(0),
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        Hq, Hk,
+        HALF=D // 2, PAGE=k_cache.shape[1], BLOCK_HQ=triton.next_power_of_2(Hq), BLOCK_HK=triton.next_power_of_2(Hk),
+        num_warps=4,
+    )

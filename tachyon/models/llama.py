@@ -44,8 +44,12 @@ class Attention(nn.Module):
         if self.q_norm is not None:
             q = self.q_norm(q.contiguous())
             k = self.k_norm(k.contiguous())
-        q, k = rotary(positions, q, k)
-        o = backend.forward(q, k, v, kv_cache[0], kv_cache[1], meta, self.scale)
+        if rotary.fused is not None and hasattr(backend, "forward_rotary"):  # GPU: one kernel for both
+            o = backend.forward_rotary(positions, rotary.cos_sin_cache, q, k, v, kv_cache[0], kv_cache[1], meta,
+                                       self.scale)
+        else:
+            q, k = rotary(positions, q, k)
+            o = backend.forward(q, k, v, kv_cache[0], kv_cache[1], meta, self.scale)
         return self.o_proj(o.reshape(T, self.q_size))
 
 

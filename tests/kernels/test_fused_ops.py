@@ -91,3 +91,22 @@ def test_install_fused_ops(device):
     assert model.norm.fused is fused_add_rms_norm
     assert model.rotary.fused is rotary
     assert model.mlp.act is silu_and_mul
+
+
+@pytest.mark.parametrize("num_q_heads,num_kv_heads,head_dim", [(4, 1, 32), (6, 3, 64), (8, 2, 128)])
+def test_rotary_write_kv_equals_rotary_then_write(make_batch, dtype, device, num_q_heads, num_kv_heads, head_dim):
+    """One kernel for both gives bit for bit what rotary followed by the KV write gives, padding included."""
+    from tachyon.kernels.fused_ops import rotary_write_kv
+    from tachyon.layers.attention import write_kv_ref
+
+    torch.manual_seed(1)
+    q, k, v, k_cache, v_cache, meta = make_batch([(1, 20), (7, 40), (19, 19)], num_q_heads, num_kv_heads, head_dim,
+                                                 dtype, num_padding=2)
+    rope = RotaryEmbedding(head_dim, 256, 10000.0, None).to(device)
+    positions = torch.randint(0, 256, (q.shape[0],), device=device)
+    q1, k1, kc1, vc1 = q.clone(), k.clone(), k_cache.clone(), v_cache.clone()
+    q_ref, k_ref = rotary(positions, q1, k1, rope.cos_sin_cache)
+    write_kv_ref(k_ref, v, kc1, vc1, meta.slot_mapping)
+    rotary_write_kv(positions, q, k, v, rope.cos_sin_cache, k_cache, v_cache, meta.slot_mapping)
+    assert torch.equal(q, q_ref) and torch.equal(k, k_ref)
+    assert torch.equal(k_cache, kc1) and torch.equal(v_cache, vc1)  # padding (slot -1) wrote nothing
