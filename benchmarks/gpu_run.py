@@ -318,6 +318,7 @@ def graph_replay_ms(llm, batch: int) -> float | None:
     return s.elapsed_time(e) / 50
 
 
+@torch.inference_mode()
 def decode_floor(llm, batch: int, ctx: int, reps: int = 20) -> dict:
     """GPU time of one decode CUDA-graph replay with `batch` sequences at context `ctx` (real blocks, so
     attention reads ctx tokens per sequence): the device floor of a decode step at that load, to set against
@@ -370,8 +371,9 @@ def decode_floor(llm, batch: int, ctx: int, reps: int = 20) -> dict:
             "GB_moved": (weights + kv_bytes) / 1e9, "TBps": (weights + kv_bytes) / ms / 1e9}
 
 
-def step_profile(llm, batch: int, ctx: int, prefill_tokens: int) -> dict:
-    """Per-kernel GPU time of one eager decode step (batch x 1 token at context ctx) and one prefill step."""
+def step_profile(llm, batch: int, ctx: int, prefill_seqs: int, prefill_len: int) -> dict:
+    """Per-kernel GPU time of one eager decode step (batch x 1 token at context ctx) and one prefill step
+    (prefill_seqs prompts of prefill_len tokens), with the step's wall time (host included) beside it."""
     from torch.profiler import ProfilerActivity, profile
 
     from tachyon.engine.request import Request
@@ -381,7 +383,7 @@ def step_profile(llm, batch: int, ctx: int, prefill_tokens: int) -> dict:
     runner = llm.engine.runner
     kv = llm.engine.kv
     res = {}
-    for name, seqs_spec in (("decode", [(ctx, 1)] * batch), ("prefill", [(0, prefill_tokens)])):
+    for name, seqs_spec in (("decode", [(ctx, 1)] * batch), ("prefill", [(0, prefill_len)] * prefill_seqs)):
         reqs, seqs = [], []
         for j, (computed, new) in enumerate(seqs_spec):
             r = Request(request_id=f"prof{j}", group_id="prof", index=0, prompt_token_ids=[5] * (computed + new),
@@ -394,6 +396,12 @@ def step_profile(llm, batch: int, ctx: int, prefill_tokens: int) -> dict:
         graphs, runner.cuda_graphs = runner.cuda_graphs, None  # eager, so every kernel shows
         runner.execute(SchedulerOutput(seqs=seqs))
         torch.cuda.synchronize()
+        walls = []
+        for _ in range(3):
+            t0 = time.perf_counter()
+            runner.execute(SchedulerOutput(seqs=seqs))
+            torch.cuda.synchronize()
+            walls.append(time.perf_counter() - t0)
         with profile(activities=[ProfilerActivity.CUDA]) as prof:
             runner.execute(SchedulerOutput(seqs=seqs))
             torch.cuda.synchronize()
@@ -406,7 +414,8 @@ def step_profile(llm, batch: int, ctx: int, prefill_tokens: int) -> dict:
                 rows.append((ev.key[:90], t / 1e3, ev.count))
         rows.sort(key=lambda r: -r[1])
         total = sum(r[1] for r in rows)
-        res[name] = {"batch": len(seqs), "total_kernel_ms": total,
+        res[name] = {"batch": len(seqs), "tokens": sum(n for _, n in seqs_spec), "total_kernel_ms": total,
+                     "wall_ms": 1e3 * sorted(walls)[1],
                      "kernels": [{"name": k, "ms": round(ms, 4), "count": c} for k, ms, c in rows[:15]]}
         for r in reqs:
             kv.free(r)
@@ -560,7 +569,7 @@ def cmd_perf(args) -> dict:
         save()
     if "profile" in wl:
         try:
-            out["profile"] = step_profile(llm, batch=64, ctx=768, prefill_tokens=2048)
+            out["profile"] = step_profile(llm, batch=256, ctx=640, prefill_seqs=16, prefill_len=512)
         except Exception:
             out["profile"] = {"error": traceback.format_exc()}
         save()

@@ -45,13 +45,14 @@ def test_decode_attention_splits(make_batch, rel_err, num_splits):
     assert rel_err(out, _reference(q, k_cache, v_cache, meta, 0.125)) <= TOL[torch.float32]
 
 
-def test_decode_attention_padding_entries(make_batch, rel_err):
+@pytest.mark.parametrize("num_splits", [None, 1])  # 1: stage 1 writes the output itself
+def test_decode_attention_padding_entries(make_batch, rel_err, num_splits):
     # a CUDA-graph batch padded with seq_len 0 entries: those rows come out 0, the others are unaffected
     q, _, _, k_cache, v_cache, meta = make_batch([(1, 40), (1, 1), (1, 1), (1, 7)], 4, 2, 32, torch.float32)
     seq_lens = meta.seq_lens.clone()
     seq_lens[1:3] = 0
     out = _poisoned_like(q)
-    decode_attention(q, k_cache, v_cache, meta.block_tables, seq_lens, 0.3, 4096, out=out)
+    decode_attention(q, k_cache, v_cache, meta.block_tables, seq_lens, 0.3, 4096, out=out, num_splits=num_splits)
     assert torch.equal(out[1:3], torch.zeros_like(out[1:3]))
     ref = _reference(q, k_cache, v_cache, meta, 0.3)
     assert rel_err(out[[0, 3]], ref[[0, 3]]) <= TOL[torch.float32]
