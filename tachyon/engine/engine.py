@@ -203,7 +203,9 @@ class LLMEngine:
         while not run.stopped and run.in_flight < depth:
             live = run.live_rows()
             n = int(live.sum())
-            if self._admissible() or n == 0 or not run.worth_running(n):
+            # the first step is queued whatever arrived since the run was decided (add_request runs on other
+            # threads), so a run always has a step to consume
+            if (run.launched and self._admissible()) or n == 0 or not run.worth_running(n):
                 run.stopped = True
                 return
             rows = run.rows_needing_blocks(live)

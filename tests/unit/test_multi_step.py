@@ -205,3 +205,38 @@ def test_runs_with_n_greater_than_one_and_abort(tiny):
     assert 0 < len(out.outputs[0].token_ids) < 40
     assert not eng.has_unfinished_requests() and eng.kv.num_free_blocks == eng.kv.num_blocks
     assert eng._run is None, "a run of dead rows only is dropped"
+
+
+def test_request_arriving_while_a_run_starts(tiny):
+    """add_request runs on the server's threads: a request that lands between the decision to start a run
+    and its first step must neither leave the run empty (the engine once died here: 'pop from an empty
+    deque') nor wait longer than the run's first step."""
+    path, hf = tiny
+    llm = LLM(model=path, num_kv_blocks=200, block_size=8, swap_space=0, num_scheduler_steps=4, dtype="float32")
+    eng = llm.engine
+    runner = eng.runner
+    real = runner.start_decode_run
+    late = [5, 9, 14, 2]
+
+    runs = []
+
+    def start_and_race(seqs):
+        run = real(seqs)
+        runs.append(run)
+        if "late" not in eng.groups:  # another thread's add_request, right after the run was decided
+            eng.add_request("late", None, late, SamplingParams(temperature=0, max_tokens=5, ignore_eos=True))
+        return run
+
+    runner.start_decode_run = start_and_race
+    eng.add_request("a", None, [7, 8, 9], SamplingParams(temperature=0, max_tokens=9, ignore_eos=True))
+    eng.step()  # prefill
+    eng.step()  # a run starts; "late" arrives during it
+    assert runs[0].launched == 1 and runs[0].stopped and eng._run is None  # one step, then "late" is admitted
+    outs = {}
+    while eng.has_unfinished_requests():
+        for o in eng.step():
+            if o.finished:
+                outs[o.request_id] = o.outputs[0].token_ids
+    assert outs["late"] == hf_greedy(hf, late, 5)
+    assert outs["a"] == hf_greedy(hf, [7, 8, 9], 9)
+    assert eng.kv.num_free_blocks == eng.kv.num_blocks
