@@ -37,7 +37,8 @@ def _kernel_table(title: str, p: dict) -> list[str]:
     return lines + [f"| `{k['name'][:70]}` | {k['ms']:.3f} | {k['count']} |" for k in p["kernels"][:12]]
 
 
-def main(path: str, hf_from: str | None = None, profile_from: str | None = None, serve_dir: str | None = None) -> None:
+def main(path: str, hf_from: str | None = None, profile_from: str | None = None, serve_dir: str | None = None,
+         repeats: list[str] = (), serve_note: str | None = None) -> None:
     d = json.load(open(path))
     if hf_from and "hf_sweep" not in d:
         d["hf_sweep"] = json.load(open(hf_from)).get("hf_sweep")
@@ -57,6 +58,12 @@ def main(path: str, hf_from: str | None = None, profile_from: str | None = None,
         rows.append(("throughput out tok/s", d["throughput"]["output_tok_s"], VLLM["throughput_out_tok_s"]))
     if "random" in d:
         rows.append(("random out tok/s", d["random"]["output_tok_s"], VLLM["random_out_tok_s"]))
+    for r in repeats:  # the same workloads measured again in another run of the same code
+        rd = json.load(open(r))
+        for key in ("throughput", "random"):
+            if key in rd:
+                rows.append((f"{key} out tok/s, repeat (`{os.path.basename(r)}`)", rd[key]["output_tok_s"],
+                             VLLM[key + "_out_tok_s"]))
     for mode in ("on", "off"):
         p = d.get("prefix", {}).get(mode)
         if p:
@@ -75,7 +82,8 @@ def main(path: str, hf_from: str | None = None, profile_from: str | None = None,
     for name, ours, theirs in rows:
         better_low = "ms" in name or " s" in name
         ratio = theirs / ours if better_low else ours / theirs
-        lines.append(f"| {name} | {ours:,.1f} | {theirs:,.1f} | {ratio:.2f}{' (time: vLLM/ours)' if better_low else ''} |")
+        fmt = ",.3f" if name.endswith(" s") else ",.1f"
+        lines.append(f"| {name} | {ours:{fmt}} | {theirs:{fmt}} | {ratio:.3f}{' (time: vLLM/ours)' if better_low else ''} |")
     hf = d.get("hf_sweep")
     if hf and "error" not in hf:
         src = f"from `{d['hf_source']}` (an earlier run on the same card kind)" if d.get("hf_source") else "same run"
@@ -88,8 +96,8 @@ def main(path: str, hf_from: str | None = None, profile_from: str | None = None,
     steps = [(k, v["steps"]) for k, v in [("throughput", d.get("throughput")), ("random", d.get("random"))]
              + [(f"sweep c={c}", v) for c, v in d.get("sweep", {}).items()] if v and "steps" in v]
     if steps:
-        lines += ["", "Wall time by step kind (an engine step; a decode step runs up to "
-                      f"{(s or {}).get('num_scheduler_steps', '?')} forwards back to back):", "",
+        lines += ["", "Wall time by step kind (an engine step; a decode step is one forward, queued up to "
+                      f"{d.get('engine_config', {}).get('num_scheduler_steps', '?')} ahead of the host):", "",
                   "| run | decode steps | decode s | steps with prefill | their s | their tokens |", "|---|---|---|---|---|---|"]
         for name, st in steps:
             lines.append(f"| {name} | {st['decode']['count']} | {st['decode']['seconds']:.2f} | {st['mixed']['count']} | "
@@ -98,6 +106,15 @@ def main(path: str, hf_from: str | None = None, profile_from: str | None = None,
         o = s["one_step_per_round_trip"]["decode_tok_s"]
         lines += ["", f"`single` with one forward per host round trip (num_scheduler_steps=1): {o:.1f} tok/s; with "
                       f"{s['num_scheduler_steps']}: {s['decode_tok_s']:.1f} tok/s ({s['decode_tok_s'] / o:.2f}x)."]
+        if s.get("by_num_scheduler_steps"):
+            lines[-1] += " By queue depth: " + ", ".join(f"{k}: {v:.1f}" for k, v in s["by_num_scheduler_steps"].items()) + "."
+    floor = d.get("decode_floor")
+    if floor and "error" not in floor:
+        lines += ["", "Decode floor: one decode CUDA-graph replay with real blocks at the given context (GPU time only), "
+                      "against the wall time per forward the workloads measured:", "",
+                  "| batch | context | graph replay ms | GB moved (weights + KV) | TB/s |", "|---|---|---|---|---|"]
+        for f in floor:
+            lines.append(f"| {f['batch']} | {f['ctx']} | {f['replay_ms']:.2f} | {f['GB_moved']:.1f} | {f['TBps']:.2f} |")
     for key, title in (("graph_kernels_batch1", "one decode CUDA-graph replay, batch 1"),):
         g = (s or {}).get(key)
         if g and "error" not in g:
@@ -113,8 +130,10 @@ def main(path: str, hf_from: str | None = None, profile_from: str | None = None,
         src = f" (from `{d['profile_source']}`)" if d.get("profile_source") else ""
         for name in ("decode", "prefill"):
             p = prof[name]
-            lines += _kernel_table(f"Per-kernel GPU time, one eager {name} step ({p['batch']} sequences), total "
-                                   f"{p['total_kernel_ms']:.2f} ms{src}:", p)
+            wall = f", wall time {p['wall_ms']:.2f} ms" if "wall_ms" in p else ""
+            toks = f", {p['tokens']} tokens" if "tokens" in p else ""
+            lines += _kernel_table(f"Per-kernel GPU time, one eager {name} step ({p['batch']} sequences{toks}), total "
+                                   f"{p['total_kernel_ms']:.2f} ms{wall}{src}:", p)
     tune = d.get("gemv_tuning")
     if tune:
         lines += ["", "Skinny-GEMM tuning at start-up (TB/s over all layers of a shape, inside a CUDA graph; "
@@ -137,9 +156,10 @@ def main(path: str, hf_from: str | None = None, profile_from: str | None = None,
             lines.append(f"| {SERVE_LABELS[key]} | {m['output_throughput']:,.0f} | {v_tok:,.0f} | "
                          f"{m['output_throughput'] / v_tok:.2f} | {m['mean_ttft_ms']:.0f} | {v_ttft:.0f} | "
                          f"{m['p99_e2el_ms']:.0f} | {v_e2e:.0f} | {m['mean_tpot_ms']:.2f} | {m['p99_itl_ms']:.1f} |")
-        lines += ["", "ITL is per streamed chunk (as vLLM's bench counts it): with multi-step decoding a chunk carries up "
-                      "to 8 tokens, so ITL is up to 8x TPOT. The `median_decode_tok_s` field inside these serve JSONs "
-                      "was computed per chunk too (fixed after this run: it now counts tokens); use TPOT."]
+        lines += ["", "ITL is per streamed chunk, as vLLM's bench counts it; with decode runs every token is its own "
+                      "chunk, so ITL equals TPOT on average."]
+        if serve_note:
+            lines += ["", serve_note]
     md = os.path.join(out_dir, "llama3-8b_summary.md")
     with open(md, "w") as f:
         f.write("\n".join(lines) + "\n")
@@ -178,5 +198,7 @@ if __name__ == "__main__":
     ap.add_argument("--hf-from")
     ap.add_argument("--profile-from")
     ap.add_argument("--serve-dir")
+    ap.add_argument("--repeat", action="append", default=[], help="another run's JSON: its random/throughput rows")
+    ap.add_argument("--serve-note")
     a = ap.parse_args()
-    main(a.run, a.hf_from, a.profile_from, a.serve_dir)
+    main(a.run, a.hf_from, a.profile_from, a.serve_dir, a.repeat, a.serve_note)
