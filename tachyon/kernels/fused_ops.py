@@ -107,15 +107,29 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
 
 @triton.jit
 def _rotate(x_ptr, stride_t, stride_h, t, cos, sin, num_heads, HALF: tl.constexpr, BLOCK_H: tl.constexpr):
-    """Rotate all heads of token t in place: [x1 | x2] -> [x1 c - x2 s | x2 c + x1 s]."""
+    """Rotate all heads of token t in place: [x1 | x2] -> [x1 c - x2 s | x2 c + x1 s]. Returns the two
+    rotated halves as stored ([BLOCK_H, HALF] each, in x's dtype)."""
     h = tl.arange(0, BLOCK_H)[:, None]
     i = tl.arange(0, HALF)[None, :]
     mask = h < num_heads
     p1 = x_ptr + t * stride_t + h * stride_h + i
     x1 = tl.load(p1, mask=mask, other=0.0).to(tl.float32)
     x2 = tl.load(p1 + HALF, mask=mask, other=0.0).to(tl.float32)
-    tl.store(p1, (x1 * cos - x2 * sin).to(x_ptr.dtype.element_ty), mask=mask)
-    tl.store(p1 + HALF, (x2 * cos + x1 * sin).to(x_ptr.dtype.element_ty), mask=mask)
+    r1 = (x1 * cos - x2 * sin).to(x_ptr.dtype.element_ty)
+    r2 = (x2 * cos + x1 * sin).to(x_ptr.dtype.element_ty)
+    tl.store(p1, r1, mask=mask)
+    tl.store(p1 + HALF, r2, mask=mask)
+    return r1, r2
+
+
+@triton.jit
+def _cos_sin(pos_ptr, cs_ptr, stride_cs, t, HALF: tl.constexpr):
+    """cos and sin of token t's position, [1, HALF] each in fp32."""
+    pos = tl.load(pos_ptr + t).to(tl.int64)
+    i = tl.arange(0, HALF)[None, :]
+    cos = tl.load(cs_ptr + pos * stride_cs + i).to(tl.float32)
+    sin = tl.load(cs_ptr + pos * stride_cs + HALF + i).to(tl.float32)
+    return cos, sin
 
 
 @triton.jit
@@ -126,12 +140,17 @@ def _rotary_kernel(
     HALF: tl.constexpr, BLOCK_HQ: tl.constexpr, BLOCK_HK: tl.constexpr,
 ):
     t = tl.program_id(0).to(tl.int64)
-    pos = tl.load(pos_ptr + t).to(tl.int64)
-    i = tl.arange(0, HALF)[None, :]
-    cos = tl.load(cs_ptr + pos * stride_cs + i).to(tl.float32)
-    sin = tl.load(cs_ptr + pos * stride_cs + HALF + i).to(tl.float32)
+    cos, sin = _cos_sin(pos_ptr, cs_ptr, stride_cs, t, HALF)
     _rotate(q_ptr, stride_qt, stride_qh, t, cos, sin, num_q_heads, HALF, BLOCK_HQ)
     _rotate(k_ptr, stride_kt, stride_kh, t, cos, sin, num_k_heads, HALF, BLOCK_HK)
+
+
+def _rotary_shapes(q: torch.Tensor, k: torch.Tensor, cos_sin_cache: torch.Tensor) -> tuple[int, int, int, int]:
+    """(T, Hq, D, Hkv), after checking what the kernels assume of q, k and the cache."""
+    T, Hq, D = q.shape
+    assert q.stride(-1) == 1 and k.stride(-1) == 1 and cos_sin_cache.stride(-1) == 1
+    assert cos_sin_cache.shape[-1] == D and D & (D - 1) == 0, "rotary dim must equal head_dim, a power of 2"
+    return T, Hq, D, k.shape[1]
 
 
 def rotary(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, cos_sin_cache: torch.Tensor):
@@ -140,10 +159,7 @@ def rotary(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, cos_sin_ca
     q and k may be strided views (e.g. of a fused qkv output) as long as the head dim is contiguous.
     cos_sin_cache is [max_pos, D] = [cos | sin]; D must be a power of two.
     """
-    T, Hq, D = q.shape
-    Hk = k.shape[1]
-    assert q.stride(-1) == 1 and k.stride(-1) == 1 and cos_sin_cache.stride(-1) == 1
-    assert cos_sin_cache.shape[-1] == D and D & (D - 1) == 0, "rotary dim must equal head_dim, a power of 2"
+    T, Hq, D, Hk = _rotary_shapes(q, k, cos_sin_cache)
     if T == 0:
         return q, k
     _rotary_kernel[(T,)](
@@ -168,21 +184,13 @@ def _rotary_write_kv_kernel(
     HALF: tl.constexpr, PAGE: tl.constexpr, BLOCK_HQ: tl.constexpr, BLOCK_HK: tl.constexpr,
 ):
     t = tl.program_id(0).to(tl.int64)
-    pos = tl.load(pos_ptr + t).to(tl.int64)
-    i = tl.arange(0, HALF)[None, :]
-    cos = tl.load(cs_ptr + pos * stride_cs + i).to(tl.float32)
-    sin = tl.load(cs_ptr + pos * stride_cs + HALF + i).to(tl.float32)
+    cos, sin = _cos_sin(pos_ptr, cs_ptr, stride_cs, t, HALF)
     _rotate(q_ptr, stride_qt, stride_qh, t, cos, sin, num_q_heads, HALF, BLOCK_HQ)
     # k: rotated once, stored in place and (unless padding) into its cache slot with v beside it
+    k1, k2 = _rotate(k_ptr, stride_kt, stride_kh, t, cos, sin, num_k_heads, HALF, BLOCK_HK)
     h = tl.arange(0, BLOCK_HK)[:, None]
+    i = tl.arange(0, HALF)[None, :]
     mask = h < num_k_heads
-    p1 = k_ptr + t * stride_kt + h * stride_kh + i
-    x1 = tl.load(p1, mask=mask, other=0.0).to(tl.float32)
-    x2 = tl.load(p1 + HALF, mask=mask, other=0.0).to(tl.float32)
-    k1 = (x1 * cos - x2 * sin).to(k_ptr.dtype.element_ty)
-    k2 = (x2 * cos + x1 * sin).to(k_ptr.dtype.element_ty)
-    tl.store(p1, k1, mask=mask)
-    tl.store(p1 + HALF, k2, mask=mask)
     slot = tl.load(slot_ptr + t).to(tl.int64)
     if slot >= 0:
         dst = (slot // PAGE) * stride_cb + (slot % PAGE) * stride_cslot + h * stride_ch + i
@@ -200,11 +208,8 @@ def rotary_write_kv(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v
                     slot_mapping: torch.Tensor) -> None:
     """`rotary` then `write_kv` in one launch: rotates q and k in place and writes the rotated k and v of
     token t into cache slot slot_mapping[t] (skipped where it is negative). Same rounding as the two apart."""
-    T, Hq, D = q.shape
-    Hk = k.shape[1]
-    assert q.stride(-1) == 1 and k.stride(-1) == 1 and v.stride(-1) == 1 and cos_sin_cache.stride(-1) == 1
-    assert cos_sin_cache.shape[-1] == D and D & (D - 1) == 0, "rotary dim must equal head_dim, a power of 2"
-    assert k_cache.stride() == v_cache.stride() and k_cache.stride(-1) == 1
+    T, Hq, D, Hk = _rotary_shapes(q, k, cos_sin_cache)
+    assert v.stride(-1) == 1 and k_cache.stride() == v_cache.stride() and k_cache.stride(-1) == 1
     if T == 0:
         return
     _rotary_write_kv_kernel[(T,)](

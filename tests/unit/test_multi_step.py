@@ -240,3 +240,18 @@ def test_request_arriving_while_a_run_starts(tiny):
     assert outs["late"] == hf_greedy(hf, late, 5)
     assert outs["a"] == hf_greedy(hf, [7, 8, 9], 9)
     assert eng.kv.num_free_blocks == eng.kv.num_blocks
+
+
+def test_run_stops_at_the_context_limit(tiny):
+    """A run never queues a step past max_model_len: the sequence ends with 'length' exactly at the limit."""
+    path, hf = tiny
+    llm = LLM(model=path, num_kv_blocks=64, block_size=8, swap_space=0, num_scheduler_steps=4, dtype="float32",
+              max_model_len=40)
+    runs = _spy_runs(llm)
+    prompt = [10 + (7 * i) % 400 for i in range(29)]
+    (out,) = llm.generate([{"prompt_token_ids": prompt}],
+                          SamplingParams(temperature=0, ignore_eos=True, max_tokens=None))  # up to the context
+    assert runs and sum(r.launched for r in runs) <= 40 - 29
+    assert out.outputs[0].token_ids == hf_greedy(hf, prompt, 40 - 29)
+    assert out.outputs[0].finish_reason == "length"
+    assert llm.engine.kv.num_free_blocks == llm.engine.kv.num_blocks
