@@ -129,7 +129,8 @@ class AsyncEngine:
 
     async def generate(self, request_id: str, prompt: str | None, prompt_token_ids: list[int],
                        params: SamplingParams) -> AsyncIterator[RequestOutput]:
-        """Stream cumulative outputs; if the consumer goes away (client disconnect) the request is aborted."""
+        """Stream cumulative outputs (a consumer that falls behind gets the newest one, not every step's); if
+        the consumer goes away (client disconnect) the request is aborted."""
         if self.error is not None:
             raise EngineDeadError(f"the engine stopped after an error: {self.error!r}")
         if self.max_queued_requests is not None and self.num_waiting >= self.max_queued_requests:
@@ -147,6 +148,11 @@ class AsyncEngine:
         try:
             while True:
                 item = await q.get()
+                # Outputs are cumulative, so when the consumer has fallen behind (several steps' outputs wait),
+                # the newest carries everything the others did: one chunk instead of several, which is what
+                # lets a busy event loop catch up instead of falling further behind.
+                while not q.empty() and isinstance(item, RequestOutput) and not item.finished:
+                    item = q.get_nowait()
                 if isinstance(item, BaseException):
                     raise EngineDeadError(f"the engine stopped after an error: {item!r}")
                 yield item
