@@ -97,12 +97,17 @@ class AsyncEngine:
         """A step's outputs, one wake-up per event loop (not one per request: each costs a syscall and a
         trip through the loop, 256 per step at full batch)."""
         batches: dict[asyncio.AbstractEventLoop, list] = {}
+        groups = self.engine.groups
         for out in outputs:
             entry = self._streams.get(out.request_id)
             if entry is None:
                 continue
             if out.finished:
                 self._streams.pop(out.request_id, None)
+            else:  # no more outputs for this stream until its reader has taken this one (see generate)
+                g = groups.get(out.request_id)
+                if g is not None:
+                    g.stream = False
             batches.setdefault(entry[0], []).append((entry[1], out))
         for loop, items in batches.items():
             try:
@@ -129,8 +134,10 @@ class AsyncEngine:
 
     async def generate(self, request_id: str, prompt: str | None, prompt_token_ids: list[int],
                        params: SamplingParams) -> AsyncIterator[RequestOutput]:
-        """Stream cumulative outputs (a consumer that falls behind gets the newest one, not every step's); if
-        the consumer goes away (client disconnect) the request is aborted."""
+        """Stream cumulative outputs. The engine makes a stream's next output only once its reader has taken the
+        previous one (outputs are cumulative, so the newest carries every token since): a reader that keeps
+        up gets every step's token, a busy one costs the engine no output objects it would not read. If the
+        consumer goes away (client disconnect) the request is aborted."""
         if self.error is not None:
             raise EngineDeadError(f"the engine stopped after an error: {self.error!r}")
         if self.max_queued_requests is not None and self.num_waiting >= self.max_queued_requests:
@@ -153,6 +160,9 @@ class AsyncEngine:
                 # lets a busy event loop catch up instead of falling further behind.
                 while not q.empty() and isinstance(item, RequestOutput) and not item.finished:
                     item = q.get_nowait()
+                g = self.engine.groups.get(request_id)
+                if g is not None:  # taken: the engine may make this stream's next output (a plain flag, no lock)
+                    g.stream = True
                 if isinstance(item, BaseException):
                     raise EngineDeadError(f"the engine stopped after an error: {item!r}")
                 yield item

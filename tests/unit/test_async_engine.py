@@ -13,11 +13,14 @@ from tests.conftest import hf_greedy, make_tiny_checkpoint
 
 def test_a_consumer_that_falls_behind_gets_the_newest_output(tmp_path):
     """Outputs are cumulative: a stream whose reader is busy while several steps land gets one output with
-    all their tokens (one SSE chunk instead of many), and nothing is lost."""
+    all their tokens (one SSE chunk instead of many), nothing is lost, and the engine does not build the
+    outputs in between."""
     hf = make_tiny_checkpoint("llama", str(tmp_path), seed=6)
     engine = EngineArgs(model=str(tmp_path), num_kv_blocks=64, block_size=8, swap_space=0,
                         dtype="float32").create_engine()
     ae = AsyncEngine(engine)
+    made = []
+    ae.on_step = lambda outputs, _: made.extend(len(o.outputs[0].token_ids) for o in outputs)
     ae.start()
     prompt = [11, 42, 7, 300, 5]
 
@@ -37,3 +40,25 @@ def test_a_consumer_that_falls_behind_gets_the_newest_output(tmp_path):
     assert 1 <= len(first.outputs[0].token_ids) < 12
     assert len(rest) == 1, "the steps that landed meanwhile come as one output"
     assert rest[0].finished and rest[0].outputs[0].token_ids == hf_greedy(hf, prompt, 12)
+    assert len(made) <= 3, f"the engine made outputs nobody took: token counts {made}"
+
+
+def test_a_reader_that_keeps_up_gets_every_token_as_it_comes(tmp_path):
+    hf = make_tiny_checkpoint("llama", str(tmp_path), seed=6)
+    engine = EngineArgs(model=str(tmp_path), num_kv_blocks=64, block_size=8, swap_space=0,
+                        dtype="float32").create_engine()
+    ae = AsyncEngine(engine)
+    ae.on_step = lambda outputs, _: time.sleep(0.02)  # steps slower than the reader
+    ae.start()
+    prompt = [3, 99, 250, 17]
+
+    async def read():
+        gen = ae.generate("k", None, prompt, SamplingParams(temperature=0, max_tokens=10, ignore_eos=True))
+        return [o async for o in gen]
+
+    try:
+        outs = asyncio.run(read())
+    finally:
+        ae.shutdown()
+    assert [len(o.outputs[0].token_ids) for o in outs] == list(range(1, 11))
+    assert outs[-1].outputs[0].token_ids == hf_greedy(hf, prompt, 10)
