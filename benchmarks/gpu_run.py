@@ -149,7 +149,7 @@ def _hf_greedy(hf_model, prompts, new) -> list[list[int]]:
     hf_model.generation_config.eos_token_id = None  # no EOS stop, no EOS masking: plain argmax decoding
     outs = []
     for p in prompts:
-        ids = torch.tensor([p], device="cuda")
+        ids = torch.tensor([p], device=hf_model.device)
         with torch.no_grad():
             o = hf_model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=new, do_sample=False,
                                   pad_token_id=0)
@@ -163,17 +163,72 @@ def _agreement(a: list[list[int]], b: list[list[int]], new: int) -> dict:
             "mean_tokens_before_first_divergence": sum(firsts) / len(firsts)}
 
 
-def greedy_vs_transformers(model_dir: str, hf_model, dtype: str, hf_ref: list[list[int]] | None = None) -> dict:
-    llm = LLM(model=model_dir, dtype=dtype, swap_space=0, gpu_memory_utilization=0.3, max_model_len=2048)
+def _random_prompts(n: int, vocab_hi: int) -> list[list[int]]:
     rng = random.Random(1)
-    prompts = [[rng.randrange(100, 30000) for _ in range(rng.randrange(65, 400))] for _ in range(48)]
+    return [[rng.randrange(100, vocab_hi) for _ in range(rng.randrange(65, 400))] for _ in range(n)]
+
+
+def _cycle_prompts(n: int, vocab_hi: int) -> list[list[int]]:
+    """Prompts of 65-400 tokens that repeat a random segment of 8-32 tokens: the trained model's task."""
+    rng = random.Random(2)
+    out = []
+    for _ in range(n):
+        seg = [rng.randrange(100, vocab_hi) for _ in range(rng.randrange(8, 33))]
+        length = rng.randrange(65, 400)
+        out.append((seg * (length // len(seg) + 1))[:length])
+    return out
+
+
+def trained_copy_llama(path: str, device: str, vocab: int = 4096, hidden: int = 512, layers: int = 4,
+                       steps: int = 600, batch: int = 64, seq: int = 256) -> dict:
+    """A small Llama made here and trained for a few seconds to continue a repeated segment (an induction
+    task), saved to `path` in fp32. A random-weight model's logits are nearly tied, so bf16 rounding flips its
+    greedy choices whatever the implementation (transformers bf16 vs fp32 agree on 0/48 prompts); a model with
+    real margins tests the bf16 path itself."""
+    import transformers
+
+    cfg = transformers.LlamaConfig(vocab_size=vocab, hidden_size=hidden, intermediate_size=hidden * 11 // 4,
+                                   num_hidden_layers=layers, num_attention_heads=hidden // 64,
+                                   num_key_value_heads=max(1, hidden // 128), max_position_embeddings=4096,
+                                   initializer_range=0.02, rms_norm_eps=1e-5, rope_theta=500000.0,
+                                   tie_word_embeddings=False)
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(cfg).to(device)
+    opt = torch.optim.AdamW(model.parameters(), lr=2e-3, weight_decay=0.0)
+    g = torch.Generator().manual_seed(1)
+    t0 = time.perf_counter()
+    losses = []
+    for step in range(steps):
+        rows = []
+        for _ in range(batch):
+            seg = torch.randint(100, vocab, (int(torch.randint(8, 33, (1,), generator=g)),), generator=g)
+            rows.append(seg.repeat(seq // len(seg) + 1)[:seq])
+        x = torch.stack(rows).to(device)
+        loss = model(x, labels=x).loss
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        opt.zero_grad()
+        if step % 50 == 0 or step == steps - 1:
+            losses.append((step, round(loss.item(), 3)))
+    model.save_pretrained(path)
+    return {"vocab": vocab, "hidden": hidden, "layers": layers, "steps": steps, "batch": batch, "seq": seq,
+            "train_s": round(time.perf_counter() - t0, 1), "loss": losses}
+
+
+def greedy_vs_transformers(model_dir: str, hf_model, dtype: str, hf_ref: list[list[int]] | None = None,
+                           prompts: list[list[int]] | None = None) -> dict:
+    kw = {"gpu_memory_utilization": 0.3} if torch.cuda.is_available() else {}
+    llm = LLM(model=model_dir, dtype=dtype, swap_space=0, max_model_len=2048, **kw)
+    prompts = prompts or _random_prompts(48, 30000)
     new = 32
     outs = llm.generate([{"prompt_token_ids": p} for p in prompts],
                         SamplingParams(temperature=0, max_tokens=new, ignore_eos=True))
     got = [o.outputs[0].token_ids for o in outs]
     del llm
     gc.collect()
-    torch.cuda.empty_cache()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
     ref = _hf_greedy(hf_model, prompts, new)
     res = {"dtype": dtype, "prompts": len(prompts), "prompt_lens": "65..400", "new_tokens": new,
            "tachyon_vs_transformers": _agreement(got, ref, new)}
@@ -204,12 +259,28 @@ def cmd_correctness(args) -> dict:
             gc.collect()
             torch.cuda.empty_cache()
             log(key, out[key])
-    hf32 = None
-    for dtype in ("float32", "bfloat16"):
-        key = f"greedy_vs_transformers_{dtype}"
+    out.update(greedy_both_dtypes(d, "greedy_vs_transformers", None))
+    if args.trained:
+        t = tempfile.mkdtemp()
         try:
-            hf = transformers.AutoModelForCausalLM.from_pretrained(d, dtype=getattr(torch, dtype)).to("cuda").eval()
-            out[key], ref = greedy_vs_transformers(d, hf, dtype, hf32)
+            out["trained_model"] = trained_copy_llama(t, "cuda")
+            log("trained_model", out["trained_model"])
+            out.update(greedy_both_dtypes(t, "trained_greedy_vs_transformers", _cycle_prompts(48, 4096)))
+        except Exception:
+            out["trained_model"] = {"error": traceback.format_exc()}
+    return out
+
+
+def greedy_both_dtypes(model_dir: str, prefix: str, prompts: list[list[int]] | None, device: str = "cuda") -> dict:
+    """Tachyon vs transformers greedy in fp32 and bf16 on one checkpoint; bf16 also vs transformers fp32."""
+    import transformers
+
+    out, hf32 = {}, None
+    for dtype in ("float32", "bfloat16"):
+        key = f"{prefix}_{dtype}"
+        try:
+            hf = transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype=getattr(torch, dtype)).to(device)
+            out[key], ref = greedy_vs_transformers(model_dir, hf.eval(), dtype, hf32, prompts)
             del hf
             hf32 = ref if dtype == "float32" else hf32
         except Exception:
@@ -587,6 +658,8 @@ def main():
     ap.add_argument("--hf-concurrency", default="1,4,16,64,256")
     ap.add_argument("--hf-out", type=int, default=256)
     ap.add_argument("--greedy-only", action="store_true", help="correctness: skip the Triton-vs-torch logits check")
+    ap.add_argument("--trained", action="store_true",
+                    help="correctness: also a small Llama trained here for seconds (greedy margins bf16 can resolve)")
     args = ap.parse_args()
     res = cmd_correctness(args) if args.mode == "correctness" else cmd_perf(args)
     with open(args.out, "w") as f:
