@@ -44,3 +44,6 @@ $B --num-prompts 1000 --max-concurrency 256 --output "$OUT/serve_c256.json"
 $B --num-prompts 600 --request-rate 20 --output "$OUT/serve_poisson20.json"
 kill -TERM $SERVER; wait $SERVER
 tail -5 "$OUT/server.log"
+# the device tool brings back 8 files per call: keep the five JSONs and the log (`tachyon bench --compare` on the
+# JSONs makes the tables and the plot again)
+rm -f "$OUT"/serve_*.md
