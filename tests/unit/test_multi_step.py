@@ -255,3 +255,20 @@ def test_run_stops_at_the_context_limit(tiny):
     assert out.outputs[0].token_ids == hf_greedy(hf, prompt, 40 - 29)
     assert out.outputs[0].finish_reason == "length"
     assert llm.engine.kv.num_free_blocks == llm.engine.kv.num_blocks
+
+
+def test_a_thinned_batch_is_rescheduled_at_the_next_graph_size():
+    """worth_running: small batches run to the end; larger ones stop once the live rows fit a smaller CUDA
+    graph (or, without graphs, once an eighth of the rows is dead)."""
+    from tachyon.worker.cuda_graphs import CudaGraphs, capture_sizes
+    from tachyon.worker.decode_run import DecodeRun
+
+    graphs = object.__new__(CudaGraphs)
+    graphs.sizes = capture_sizes(256)
+    run = object.__new__(DecodeRun)
+    run.graphs, run.size = graphs, 16
+    assert run.worth_running(1)
+    run.size = 200  # runs at 208 rows
+    assert run.worth_running(193) and not run.worth_running(192)
+    run.graphs, run.size = None, 64
+    assert run.worth_running(56) and not run.worth_running(55)
