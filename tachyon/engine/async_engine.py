@@ -133,11 +133,11 @@ class AsyncEngine:
         return self.engine.num_waiting
 
     async def generate(self, request_id: str, prompt: str | None, prompt_token_ids: list[int],
-                       params: SamplingParams) -> AsyncIterator[RequestOutput]:
+                       params: SamplingParams, stream: bool = True) -> AsyncIterator[RequestOutput]:
         """Stream cumulative outputs. The engine makes a stream's next output only once its reader has taken the
         previous one (outputs are cumulative, so the newest carries every token since): a reader that keeps
         up gets every step's token, a busy one costs the engine no output objects it would not read. If the
-        consumer goes away (client disconnect) the request is aborted."""
+        consumer goes away (client disconnect) the request is aborted. stream=False: only the final output."""
         if self.error is not None:
             raise EngineDeadError(f"the engine stopped after an error: {self.error!r}")
         if self.max_queued_requests is not None and self.num_waiting >= self.max_queued_requests:
@@ -146,7 +146,7 @@ class AsyncEngine:
         q: asyncio.Queue = asyncio.Queue()
         self._streams[request_id] = (asyncio.get_running_loop(), q)
         try:
-            self.engine.add_request(request_id, prompt, prompt_token_ids, params)
+            self.engine.add_request(request_id, prompt, prompt_token_ids, params, stream=stream)
         except BaseException:
             self._streams.pop(request_id, None)
             raise
@@ -161,7 +161,7 @@ class AsyncEngine:
                 while not q.empty() and isinstance(item, RequestOutput) and not item.finished:
                     item = q.get_nowait()
                 g = self.engine.groups.get(request_id)
-                if g is not None:  # taken: the engine may make this stream's next output (a plain flag, no lock)
+                if g is not None and stream:  # taken: the engine may make the next output (a plain flag, no lock)
                     g.stream = True
                 if isinstance(item, BaseException):
                     raise EngineDeadError(f"the engine stopped after an error: {item!r}")

@@ -139,9 +139,12 @@ class ServerMetrics:
             for c in out.outputs:  # inter-token latency per sequence: its first token is not one
                 n, before = len(c.token_ids), seen.num_tokens.get(c.index, 0)
                 if n > before:
-                    if before:  # several tokens in one step (multi-step decoding): the gap is shared out
-                        gap = (now - seen.last_token_time[c.index]) / (n - before)
-                        for _ in range(n - before):
+                    # several tokens in one output (a reader that was busy, or a non-streaming request seen only
+                    # at its end): the gap since the last token seen is shared out over them
+                    last = seen.last_token_time.get(c.index) if before else out.metrics.first_token_time
+                    if last is not None and n > max(before, 1):
+                        gap = (now - last) / (n - max(before, 1))
+                        for _ in range(n - max(before, 1)):
                             self.itl.observe(gap)
                     seen.num_tokens[c.index], seen.last_token_time[c.index] = n, now
             if out.finished:

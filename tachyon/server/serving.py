@@ -230,7 +230,7 @@ class OpenAIServing:
         rids = [job.request_id] if len(job.prompts) == 1 else [f"{job.request_id}-{i}" for i in range(len(job.prompts))]
         started = []
         for rid, (text, ids) in zip(rids, job.prompts, strict=True):
-            gen = self.async_engine.generate(rid, text, ids, job.params)
+            gen = self.async_engine.generate(rid, text, ids, job.params, stream=job.stream)
             started.append((gen, asyncio.ensure_future(gen.__anext__())))
         await asyncio.sleep(0)  # each task's first step runs before we resume: the requests are in
         failed = next((first for _, first in started if first.done() and first.exception() is not None), None)

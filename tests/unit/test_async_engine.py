@@ -62,3 +62,26 @@ def test_a_reader_that_keeps_up_gets_every_token_as_it_comes(tmp_path):
         ae.shutdown()
     assert [len(o.outputs[0].token_ids) for o in outs] == list(range(1, 11))
     assert outs[-1].outputs[0].token_ids == hf_greedy(hf, prompt, 10)
+
+
+def test_a_non_streaming_request_gets_only_its_final_output(tmp_path):
+    hf = make_tiny_checkpoint("llama", str(tmp_path), seed=6)
+    engine = EngineArgs(model=str(tmp_path), num_kv_blocks=64, block_size=8, swap_space=0,
+                        dtype="float32").create_engine()
+    ae = AsyncEngine(engine)
+    made = []
+    ae.on_step = lambda outputs, _: made.extend(outputs)
+    ae.start()
+    prompt = [8, 77, 123]
+
+    async def read():
+        gen = ae.generate("n", None, prompt, SamplingParams(temperature=0, max_tokens=9, ignore_eos=True),
+                          stream=False)
+        return [o async for o in gen]
+
+    try:
+        outs = asyncio.run(read())
+    finally:
+        ae.shutdown()
+    assert len(outs) == 1 and outs[0].finished and len(made) == 1
+    assert outs[0].outputs[0].token_ids == hf_greedy(hf, prompt, 9)

@@ -26,3 +26,15 @@ def test_itl_shares_a_multi_token_gap_out_per_token(llm, monkeypatch):
     total = sm.registry.get_sample_value("tachyon:inter_token_latency_seconds_sum", {"model_name": "m"})
     assert count == 10
     assert total == pytest.approx(0.08)  # 8 x 5 ms + 2 x 20 ms: the wall time between the first and last token
+
+
+def test_itl_of_a_request_seen_only_at_its_end(llm, monkeypatch):
+    """A non-streaming request's only output carries all its tokens: its first token came at
+    first_token_time, the rest share the time since."""
+    sm = metrics_mod.ServerMetrics(llm.engine, "m")
+    monkeypatch.setattr(metrics_mod.time, "monotonic", lambda: 1.5)
+    sm.on_step([_out(11, finished=True)], 0.01)
+    count = sm.registry.get_sample_value("tachyon:inter_token_latency_seconds_count", {"model_name": "m"})
+    total = sm.registry.get_sample_value("tachyon:inter_token_latency_seconds_sum", {"model_name": "m"})
+    assert count == 10
+    assert total == pytest.approx(0.5)  # first token at 1.0, the last at 1.5
