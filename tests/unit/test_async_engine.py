@@ -47,8 +47,14 @@ def test_a_reader_that_keeps_up_gets_every_token_as_it_comes(tmp_path):
     hf = make_tiny_checkpoint("llama", str(tmp_path), seed=6)
     engine = EngineArgs(model=str(tmp_path), num_kv_blocks=64, block_size=8, swap_space=0,
                         dtype="float32").create_engine()
+    step = engine.step
+
+    def slow_step():  # each step starts 20 ms after the last one's outputs were handed over: the reader has
+        time.sleep(0.02)  # taken them by the time this step decides whether to make the next output
+        return step()
+
+    engine.step = slow_step
     ae = AsyncEngine(engine)
-    ae.on_step = lambda outputs, _: time.sleep(0.02)  # steps slower than the reader
     ae.start()
     prompt = [3, 99, 250, 17]
 
