@@ -53,7 +53,7 @@ class InstantRunner:
         n = len(x.sample_reqs)
         return x.sample_reqs, SamplerOutput(self._ids(n), [None] * n, [None] * n)
 
-    def start_decode_run(self, seqs):
+    def start_decode_run(self, sched):
         from tachyon.worker.decode_run import DecodeRun
 
         runner = self
@@ -63,7 +63,7 @@ class InstantRunner:
                 self._pending.append(runner._ids(self.size))
                 self.launched += 1
 
-        return InstantRun(self, seqs)
+        return InstantRun(self, sched)
 
 
 def main() -> None:

@@ -142,8 +142,7 @@ class LLMEngine:
         if sched.is_empty:
             return outputs
         if self._can_run_ahead(sched):
-            self._run = self.runner.start_decode_run(sched.seqs)
-            self._run.sched = sched
+            self._run = self.runner.start_decode_run(sched)
             self._top_up(self._run)
             return outputs + self._run_step()
         touched: dict[str, _Group] = {}

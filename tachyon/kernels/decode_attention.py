@@ -155,7 +155,7 @@ def _split_config(dtype: torch.dtype) -> tuple[int, int, int]:
 
 def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
                      seq_lens: torch.Tensor, scale: float, max_seq_len: int, out: torch.Tensor | None = None,
-                     num_splits: int | None = None, config: tuple[int, int, int] | None = None) -> torch.Tensor:
+                     num_splits: int | None = None) -> torch.Tensor:
     """Attention of one query token per sequence over its paged context.
 
     q: [B, Hq, D] (token b belongs to sequence b); caches: [num_blocks, block_size, Hkv, D];
@@ -176,7 +176,7 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
         num_splits = num_decode_splits(B, Hkv, max_seq_len)
     group = Hq // Hkv
     block_d = triton.next_power_of_2(D)
-    block_n, num_warps, num_stages = config or _split_config(q.dtype)
+    block_n, num_warps, num_stages = _split_config(q.dtype)
     direct = num_splits == 1
     mid_o, mid_lse = _get_workspace(B, Hq, num_splits, D, q.device)
     _decode_split_kernel[(B, Hkv, num_splits)](

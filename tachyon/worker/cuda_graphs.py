@@ -38,9 +38,6 @@ class CudaGraphs:
         self.seq_lens = torch.zeros(max_bs, dtype=torch.int32, device=dev)
         self.block_tables = torch.zeros(max_bs, self.max_blocks, dtype=torch.int32, device=dev)
         self.query_start_loc = torch.arange(max_bs + 1, dtype=torch.int32, device=dev)
-        # one pinned staging buffer: [ids | positions | slots | seq_lens] as int64, copied in one go
-        self._stage = torch.zeros(4, max_bs, dtype=torch.long, pin_memory=True)
-        self._stage_bt = torch.zeros(max_bs, self.max_blocks, dtype=torch.int32, pin_memory=True)
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         # every graph writes its logits here, so the graphs' outputs don't pile up in the memory pool
         self.logits = torch.empty(max_bs, runner.config.model.vocab_size, dtype=torch.float32, device=dev)
@@ -83,8 +80,8 @@ class CudaGraphs:
 
     def replay_decode(self, ids, positions: np.ndarray, slots: np.ndarray, seq_lens: np.ndarray,
                       block_tables: np.ndarray | None) -> torch.Tensor:
-        """One step of a decode run (tachyon.worker.decode_run): ids are a host array or the previous step's
-        sampled ids on the device; block_tables only when they changed since the last step. Each call
+        """One decode step (of a decode run, tachyon.worker.decode_run, or alone): ids are a host array or the
+        previous step's sampled ids on the device; block_tables only when they changed since. Each call
         stages through its own pinned buffer, so steps can be queued while earlier copies are pending.
         Returns logits [B, vocab]."""
         B = len(positions)
@@ -118,25 +115,5 @@ class CudaGraphs:
         return self.logits[:B]
 
     def replay(self, x) -> torch.Tensor:
-        """x: StepInputs of a decode-only batch. Returns logits [padded batch, vocab]."""
-        B = len(x.q_lens)
-        bs = self.padded(B)
-        st = self._stage.numpy()
-        st[0, :B] = x.input_ids
-        st[1, :B] = x.positions
-        st[2, :B] = x.slot_mapping
-        st[2, B:bs] = -1
-        st[3, :B] = x.seq_lens
-        st[3, B:bs] = 0
-        nb = x.block_tables.shape[1]
-        bt = self._stage_bt.numpy()
-        bt[:B, :nb] = x.block_tables
-        dev = self.input_ids.device
-        staged = self._stage[:, :bs].to(dev, non_blocking=True)
-        self.input_ids[:bs].copy_(staged[0])
-        self.positions[:bs].copy_(staged[1])
-        self.slot_mapping[:bs].copy_(staged[2])
-        self.seq_lens[:bs].copy_(staged[3])
-        self.block_tables[:B, :nb].copy_(self._stage_bt[:B, :nb].to(dev, non_blocking=True))
-        self.graphs[bs].replay()
-        return self.logits[:bs]
+        """x: StepInputs of a decode-only batch. Returns logits [batch, vocab]."""
+        return self.replay_decode(x.input_ids, x.positions, x.slot_mapping, x.seq_lens, x.block_tables)

@@ -26,9 +26,10 @@ from tachyon.layers.attention import AttentionMetadata
 
 
 class DecodeRun:
-    def __init__(self, runner, seqs):
+    def __init__(self, runner, sched):
         self.runner = runner
-        x = runner.prepare(seqs)
+        self.sched = sched  # the engine's SchedulerOutput for this batch (each consumed step updates it once)
+        x = runner.prepare(sched.seqs)
         assert x.num_decodes == len(x.q_lens) == len(x.sample_reqs), "a decode run takes decodes that sample"
         self.reqs = x.sample_reqs
         self.size = S = len(self.reqs)
@@ -46,7 +47,6 @@ class DecodeRun:
         self.launched = 0
         self.consumed = 0
         self.stopped = False  # no more steps will be queued; the ones in flight are still consumed
-        self.sched = None  # the engine's SchedulerOutput for this batch (each step updates it once)
         graphs = runner.cuda_graphs
         self.graphs = graphs if graphs is not None and graphs.fits(S) else None
         self.cuda = runner.device.type == "cuda"

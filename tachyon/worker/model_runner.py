@@ -134,7 +134,7 @@ class ModelRunner:
         x = self.prepare(out.seqs)
         graphs = self.cuda_graphs
         if graphs is not None and x.num_decodes == len(x.q_lens) and graphs.fits(len(x.q_lens)):
-            logits = graphs.replay(x)[: len(x.q_lens)]
+            logits = graphs.replay(x)
             logits = logits[torch.from_numpy(x.logits_indices).to(self.device)] if len(x.sample_reqs) != len(x.q_lens) else logits
         else:
             hidden = self.model(self._to_device(x.input_ids), self._to_device(x.positions), self.kv_caches,
@@ -146,11 +146,11 @@ class ModelRunner:
             return x.sample_reqs, None
         return x.sample_reqs, self.sampler(logits, x.sample_reqs)
 
-    def start_decode_run(self, seqs: list[ScheduledSeq]):
+    def start_decode_run(self, sched: SchedulerOutput):
         """A decode-only batch as a run of forwards queued ahead of the host (tachyon.worker.decode_run)."""
         from tachyon.worker.decode_run import DecodeRun
 
-        return DecodeRun(self, seqs)
+        return DecodeRun(self, sched)
 
     # -- GPU: memory profile, warm-up, CUDA graphs ----------------------------------------------------------
     @torch.inference_mode()

@@ -25,8 +25,8 @@ def _spy_runs(llm: LLM) -> list:
     runner = llm.engine.runner
     real = runner.start_decode_run
 
-    def spy(seqs):
-        run = real(seqs)
+    def spy(sched):
+        run = real(sched)
         run.max_in_flight = 0
         launch = run.launch
 
@@ -220,8 +220,8 @@ def test_request_arriving_while_a_run_starts(tiny):
 
     runs = []
 
-    def start_and_race(seqs):
-        run = real(seqs)
+    def start_and_race(sched):
+        run = real(sched)
         runs.append(run)
         if "late" not in eng.groups:  # another thread's add_request, right after the run was decided
             eng.add_request("late", None, late, SamplingParams(temperature=0, max_tokens=5, ignore_eos=True))
