@@ -535,8 +535,10 @@ def cmd_perf(args) -> dict:
     t = time.perf_counter()
     llm = LLM(model=LLAMA8B, load_format="dummy", dtype="bfloat16", max_model_len=4096,
               max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
-              enable_prefix_caching=True, swap_space=0, num_scheduler_steps=args.num_scheduler_steps)
+              enable_prefix_caching=True, swap_space=0, num_scheduler_steps=args.num_scheduler_steps,
+              enable_pdl=not args.no_pdl)
     runner = llm.engine.runner
+    out["pdl"] = runner.pdl
     out["startup_s"] = time.perf_counter() - t
     out["startup_breakdown"] = runner.timings
     out["num_kv_blocks"] = llm.engine.kv.num_blocks
@@ -655,6 +657,7 @@ def main():
     ap.add_argument("--max-num-seqs", type=int, default=256)
     ap.add_argument("--max-num-batched-tokens", type=int, default=8192)
     ap.add_argument("--num-scheduler-steps", type=int, default=None)
+    ap.add_argument("--no-pdl", action="store_true", help="perf: launch the Triton kernels without PDL")
     ap.add_argument("--hf-concurrency", default="1,4,16,64,256")
     ap.add_argument("--hf-out", type=int, default=256)
     ap.add_argument("--greedy-only", action="store_true", help="correctness: skip the Triton-vs-torch logits check")

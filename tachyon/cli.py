@@ -31,6 +31,8 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--num-scheduler-steps", type=int, default=None,
                    help="decode forwards queued on the GPU ahead of the host's bookkeeping when no request "
                         "can be admitted (default: 3 with CUDA graphs, else 1 = one forward per round trip)")
+    g.add_argument("--enable-pdl", action=argparse.BooleanOptionalAction, default=True,
+                   help="programmatic dependent launch of the Triton kernels (sm_90+ GPUs; off elsewhere)")
 
 
 def engine_kwargs(args: argparse.Namespace) -> dict:

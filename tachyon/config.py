@@ -171,3 +171,4 @@ class EngineConfig:
     attention_backend: str = "torch"
     enforce_eager: bool = True
     seed: int = 0
+    enable_pdl: bool = False  # the runner switches it on only where tachyon.kernels.pdl.supported

@@ -34,6 +34,7 @@ class EngineArgs:
     attention_backend: str = "auto"  # auto | torch | triton
     enforce_eager: bool = False
     num_scheduler_steps: int | None = None  # None: 3 with CUDA graphs, else 1
+    enable_pdl: bool = True  # programmatic dependent launch where the GPU has it (sm_90+, Triton kernels)
 
 
     @classmethod
@@ -77,6 +78,7 @@ class EngineArgs:
                                           3 if device.type == "cuda" and backend == "triton"
                                           and not self.enforce_eager else 1))),
             device=device, dtype=dtype, attention_backend=backend, enforce_eager=self.enforce_eager, seed=self.seed,
+            enable_pdl=self.enable_pdl and backend == "triton",
         )
         tokenizer = load_tokenizer(self.tokenizer or (None if path.endswith(".json") else path))
         if self.load_format == "dummy" and path.endswith(".json"):

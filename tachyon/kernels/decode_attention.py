@@ -22,6 +22,8 @@ import torch
 import triton
 import triton.language as tl
 
+from tachyon.kernels import pdl
+
 _LOG2E = 1.4426950408889634
 
 
@@ -38,7 +40,9 @@ def _decode_split_kernel(
     BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, PRECISION: tl.constexpr,
     out_ptr, stride_ot, stride_oh,
     DIRECT: tl.constexpr,  # one split: write the final output here, no stage 2
+    PDL: tl.constexpr = False,
 ):
+    pdl.enter(PDL)
     b = tl.program_id(0).to(tl.int64)
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
@@ -100,7 +104,9 @@ def _decode_reduce_kernel(
     stride_ot, stride_oh,
     HEAD_DIM: tl.constexpr, NUM_SPLITS: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
+    pdl.enter(PDL)
     b = tl.program_id(0).to(tl.int64)
     head = tl.program_id(1)
     seq_len = tl.load(seq_lens_ptr + b)
@@ -191,7 +197,7 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
         BLOCK_G=max(16, triton.next_power_of_2(group)), BLOCK_N=block_n, BLOCK_D=block_d,
         PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
         out_ptr=out, stride_ot=out.stride(0), stride_oh=out.stride(1), DIRECT=direct,
-        num_warps=num_warps, num_stages=num_stages,
+        num_warps=num_warps, num_stages=num_stages, **pdl.launch_args(),
     )
     if direct:
         return out
@@ -202,6 +208,6 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
         out.stride(0), out.stride(1),
         HEAD_DIM=D, NUM_SPLITS=num_splits, BLOCK_N=block_n,
         BLOCK_S=triton.next_power_of_2(num_splits), BLOCK_D=block_d,
-        num_warps=4 if num_splits * block_d >= 2048 else 2,
+        num_warps=4 if num_splits * block_d >= 2048 else 2, **pdl.launch_args(),
     )
     return out

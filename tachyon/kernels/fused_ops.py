@@ -10,6 +10,8 @@ import torch
 import triton
 import triton.language as tl
 
+from tachyon.kernels import pdl
+
 _TORCH_TO_TL = {torch.float32: tl.float32, torch.float16: tl.float16, torch.bfloat16: tl.bfloat16}
 
 
@@ -22,7 +24,9 @@ def _add_rms_norm_kernel(
     stride_x, stride_res, stride_out, stride_new_res,
     n_cols, eps,
     HAS_RESIDUAL: tl.constexpr, X_DTYPE: tl.constexpr, BLOCK: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
+    pdl.enter(PDL)
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     mask = cols < n_cols
@@ -66,7 +70,7 @@ def fused_add_rms_norm(x: torch.Tensor, residual: torch.Tensor | None, weight: t
         x2.stride(0), res2.stride(0), out2.stride(0), new_res2.stride(0),
         H, eps,
         HAS_RESIDUAL=residual is not None, X_DTYPE=_TORCH_TO_TL[res_dtype], BLOCK=block,
-        num_warps=min(max(block // 256, 1), 16),
+        num_warps=min(max(block // 256, 1), 16), **pdl.launch_args(),
     )
     return out, new_res
 
@@ -75,7 +79,8 @@ def fused_add_rms_norm(x: torch.Tensor, residual: torch.Tensor | None, weight: t
 
 
 @triton.jit
-def _silu_and_mul_kernel(x_ptr, out_ptr, stride_x, stride_out, d, BLOCK: tl.constexpr):
+def _silu_and_mul_kernel(x_ptr, out_ptr, stride_x, stride_out, d, BLOCK: tl.constexpr, PDL: tl.constexpr = False):
+    pdl.enter(PDL)
     row = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = cols < d
@@ -97,7 +102,7 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
         return out
     block = min(triton.next_power_of_2(d), 1024)
     _silu_and_mul_kernel[(x2.shape[0], triton.cdiv(d, block))](
-        x2, out2, x2.stride(0), out2.stride(0), d, BLOCK=block, num_warps=4,
+        x2, out2, x2.stride(0), out2.stride(0), d, BLOCK=block, num_warps=4, **pdl.launch_args(),
     )
     return out
 
@@ -138,7 +143,9 @@ def _rotary_kernel(
     stride_qt, stride_qh, stride_kt, stride_kh, stride_cs,
     num_q_heads, num_k_heads,
     HALF: tl.constexpr, BLOCK_HQ: tl.constexpr, BLOCK_HK: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
+    pdl.enter(PDL)
     t = tl.program_id(0).to(tl.int64)
     cos, sin = _cos_sin(pos_ptr, cs_ptr, stride_cs, t, HALF)
     _rotate(q_ptr, stride_qt, stride_qh, t, cos, sin, num_q_heads, HALF, BLOCK_HQ)
@@ -167,7 +174,7 @@ def rotary(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, cos_sin_ca
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), cos_sin_cache.stride(0),
         Hq, Hk,
         HALF=D // 2, BLOCK_HQ=triton.next_power_of_2(Hq), BLOCK_HK=triton.next_power_of_2(Hk),
-        num_warps=4,
+        num_warps=4, **pdl.launch_args(),
     )
     return q, k
 
@@ -182,7 +189,9 @@ def _rotary_write_kv_kernel(
     stride_cb, stride_cslot, stride_ch,  # k_cache and v_cache share a layout; head dim contiguous
     num_q_heads, num_k_heads,
     HALF: tl.constexpr, PAGE: tl.constexpr, BLOCK_HQ: tl.constexpr, BLOCK_HK: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
+    pdl.enter(PDL)
     t = tl.program_id(0).to(tl.int64)
     cos, sin = _cos_sin(pos_ptr, cs_ptr, stride_cs, t, HALF)
     _rotate(q_ptr, stride_qt, stride_qh, t, cos, sin, num_q_heads, HALF, BLOCK_HQ)
@@ -218,5 +227,5 @@ def rotary_write_kv(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         Hq, Hk,
         HALF=D // 2, PAGE=k_cache.shape[1], BLOCK_HQ=triton.next_power_of_2(Hq), BLOCK_HK=triton.next_power_of_2(Hk),
-        num_warps=4,
+        num_warps=4, **pdl.launch_args(),
     )

@@ -18,6 +18,8 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
+from tachyon.kernels import pdl
+
 # (BLOCK_N, BLOCK_K, num_warps, num_stages): the candidates the tuner times on the device
 CONFIGS = [(8, 512, 4, 4), (16, 256, 4, 4), (16, 512, 8, 3), (32, 256, 4, 4), (32, 128, 4, 6), (64, 128, 8, 4)]
 MAX_ROWS = 16  # the largest row count this kernel is considered for
@@ -29,7 +31,9 @@ def _gemv_kernel(
     M, N, K, stride_xm, stride_wn, stride_ym,
     HAS_BIAS: tl.constexpr, ONE_ROW: tl.constexpr, M_PAD: tl.constexpr, IEEE: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
+    pdl.enter(PDL)
     pid = tl.program_id(0)
     offs_n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
     mask_n = offs_n < N
@@ -90,6 +94,7 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
         M, N, K, x.stride(0), weight.stride(0), y.stride(0),
         HAS_BIAS=bias is not None, ONE_ROW=M == 1, M_PAD=16, IEEE=x.dtype == torch.float32, BLOCK_N=block_n,
         BLOCK_K=min(block_k, max(triton.next_power_of_2(K), 16)), num_warps=warps, num_stages=stages,
+        **pdl.launch_args(),
     )
     return y
 

@@ -10,6 +10,8 @@ import torch
 import triton
 import triton.language as tl
 
+from tachyon.kernels import pdl
+
 
 @triton.jit
 def _write_kv_kernel(
@@ -19,7 +21,9 @@ def _write_kv_kernel(
     stride_cb, stride_cs, stride_ch, stride_cd,  # k_cache and v_cache share a layout
     num_heads, head_dim,
     BLOCK_SIZE: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
+    pdl.enter(PDL)
     t = tl.program_id(0).to(tl.int64)
     slot = tl.load(slot_ptr + t).to(tl.int64)
     if slot < 0:
@@ -46,5 +50,5 @@ def write_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: t
         *k.stride(), *v.stride(), *k_cache.stride(),
         H, D,
         BLOCK_SIZE=k_cache.shape[1], BLOCK_H=triton.next_power_of_2(H), BLOCK_D=triton.next_power_of_2(D),
-        num_warps=4 if H * D >= 2048 else 1,
+        num_warps=4 if H * D >= 2048 else 1, **pdl.launch_args(),
     )

@@ -18,6 +18,8 @@ import torch
 import triton
 import triton.language as tl
 
+from tachyon.kernels import pdl
+
 _LOG2E = 1.4426950408889634
 
 
@@ -61,7 +63,9 @@ def _prefill_kernel(
     stride_bt, qk_scale,
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, PAGE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, PRECISION: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
+    pdl.enter(PDL)
     TPB: tl.constexpr = BLOCK_M // GROUP  # query tokens per tile
     q_block = num_q_blocks - 1 - tl.program_id(0)  # the longest (last) tiles first
     kv_head = tl.program_id(1)
@@ -148,6 +152,6 @@ def prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Ten
         GROUP=group, HEAD_DIM=D, PAGE=page,
         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=triton.next_power_of_2(D),
         PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
-        num_warps=num_warps, num_stages=num_stages,
+        num_warps=num_warps, num_stages=num_stages, **pdl.launch_args(),
     )
     return out

@@ -61,10 +61,15 @@ class ModelRunner:
         self.num_blocks = 0
         self.cuda_graphs = None  # tachyon.worker.cuda_graphs.CudaGraphs once captured
         self.timings: dict[str, float] = {"load_weights_s": self.load_time_s}
+        self.pdl = False
         if self.device.type == "cuda" and config.attention_backend == "triton":
+            from tachyon.kernels import pdl
             from tachyon.kernels.attention_backend import install_fused_ops
 
             install_fused_ops(self.model)
+            # process-wide: every Triton launch from here on (the last runner built decides)
+            self.pdl = config.enable_pdl and pdl.supported(self.device)
+            pdl.enable(self.pdl)
 
     # -- KV cache ---------------------------------------------------------------------------------------
     def kv_bytes_per_block(self) -> int:
