@@ -140,6 +140,8 @@ def main(path: str, hf_from: str | None = None, profile_from: str | None = None,
                       "the Triton kernel is used only where it wins):", "",
                   "| weight x layers | rows | cuBLAS TB/s | chosen TB/s | Triton config |", "|---|---|---|---|---|"]
         for shape, rows_ in tune.items():
+            if shape == "failed_configs":
+                continue
             for m, r in rows_.items():
                 lines.append(f"| {shape} | {m} | {r['cublas_TBps']:.2f} | {r['best_TBps']:.2f} | {r['config'] or 'cuBLAS'} |")
     if serve_dir:

@@ -22,6 +22,9 @@ from tachyon.kernels import pdl
 
 # (BLOCK_N, BLOCK_K, num_warps, num_stages): the candidates the tuner times on the device
 CONFIGS = [(8, 512, 4, 4), (16, 256, 4, 4), (16, 512, 8, 3), (32, 256, 4, 4), (32, 128, 4, 6), (64, 128, 8, 4)]
+# one-row candidates that keep a [BLOCK_N, BLOCK_K] fp32 accumulator and reduce it once at the end, instead of
+# a cross-thread reduction every K step (a fifth entry, True, says so)
+ONE_ROW_CONFIGS = [(8, 512, 4, 4, True), (4, 1024, 4, 4, True), (16, 256, 4, 4, True), (8, 1024, 8, 3, True)]
 MAX_ROWS = 16  # the largest row count this kernel is considered for
 
 
@@ -30,7 +33,7 @@ def _gemv_kernel(
     x_ptr, w_ptr, b_ptr, y_ptr,
     M, N, K, stride_xm, stride_wn, stride_ym,
     HAS_BIAS: tl.constexpr, ONE_ROW: tl.constexpr, M_PAD: tl.constexpr, IEEE: tl.constexpr,
-    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, LATE_REDUCE: tl.constexpr,
     PDL: tl.constexpr = False,
 ):
     pdl.enter(PDL)
@@ -39,7 +42,19 @@ def _gemv_kernel(
     mask_n = offs_n < N
     offs_k = tl.arange(0, BLOCK_K)
     w_rows = w_ptr + offs_n.to(tl.int64)[:, None] * stride_wn
-    if ONE_ROW:
+    if ONE_ROW and LATE_REDUCE:
+        acc2 = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
+        for k0 in range(0, K, BLOCK_K):
+            kk = k0 + offs_k
+            mask_k = kk < K
+            w = tl.load(w_rows + kk[None, :], mask=mask_n[:, None] & mask_k[None, :], other=0.0)
+            x = tl.load(x_ptr + kk, mask=mask_k, other=0.0)
+            acc2 += w.to(tl.float32) * x.to(tl.float32)[None, :]
+        acc = tl.sum(acc2, axis=1)
+        if HAS_BIAS:
+            acc += tl.load(b_ptr + offs_n, mask=mask_n, other=0.0).to(tl.float32)
+        tl.store(y_ptr + offs_n, acc.to(y_ptr.dtype.element_ty), mask=mask_n)
+    elif ONE_ROW:
         acc = tl.zeros((BLOCK_N,), dtype=tl.float32)
         for k0 in range(0, K, BLOCK_K):
             kk = k0 + offs_k
@@ -71,8 +86,9 @@ def _gemv_kernel(
 
 
 def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
-         config: tuple[int, int, int, int] = (16, 256, 4, 4), out: torch.Tensor | None = None) -> torch.Tensor:
-    """x [M, K] (M <= 16) @ weight [N, K].T (+ bias [N]) -> [M, N] in x's dtype, accumulated in fp32."""
+         config: tuple = (16, 256, 4, 4), out: torch.Tensor | None = None) -> torch.Tensor:
+    """x [M, K] (M <= 16) @ weight [N, K].T (+ bias [N]) -> [M, N] in x's dtype, accumulated in fp32.
+    config: (BLOCK_N, BLOCK_K, num_warps, num_stages[, late_reduce]) (CONFIGS, ONE_ROW_CONFIGS)."""
     M, K = x.shape
     N = weight.shape[0]
     if M > MAX_ROWS:
@@ -86,14 +102,15 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
     y = out if out is not None else torch.empty(M, N, dtype=x.dtype, device=x.device)
     if M == 0:
         return y
-    block_n, block_k, warps, stages = config
+    block_n, block_k, warps, stages = config[:4]
+    late = len(config) > 4 and bool(config[4]) and M == 1
     if M > 1:
         block_n = max(block_n, 16)  # tl.dot's smallest tile
     _gemv_kernel[(triton.cdiv(N, block_n),)](
         x, weight, bias if bias is not None else weight, y,
         M, N, K, x.stride(0), weight.stride(0), y.stride(0),
         HAS_BIAS=bias is not None, ONE_ROW=M == 1, M_PAD=16, IEEE=x.dtype == torch.float32, BLOCK_N=block_n,
-        BLOCK_K=min(block_k, max(triton.next_power_of_2(K), 16)), num_warps=warps, num_stages=stages,
+        BLOCK_K=min(block_k, max(triton.next_power_of_2(K), 16)), LATE_REDUCE=late, num_warps=warps, num_stages=stages,
         **pdl.launch_args(),
     )
     return y
@@ -112,7 +129,7 @@ def _forward(self: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
     return F.linear(x, self.weight, self.bias)
 
 
-def use_gemv(linear: torch.nn.Linear, configs: dict[int, tuple[int, int, int, int]]) -> None:
+def use_gemv(linear: torch.nn.Linear, configs: dict[int, tuple]) -> None:
     """Route this layer's calls with up to 16 rows to `gemv` (per row bucket: config, absent = cuBLAS)."""
     linear.gemv_configs = dict(configs)
     linear.forward = types.MethodType(_forward, linear)
@@ -146,7 +163,8 @@ def _time_ms(fn, reps: int = 5) -> float:
 @torch.inference_mode()
 def tune_linears(model: torch.nn.Module, row_counts: list[int]) -> dict:
     """Time cuBLAS and every config on the model's linear layers (grouped by shape, run over all layers of
-    that shape in turn) for each row bucket; install the faster. Returns {shape: {rows: (choice, ms...)}}."""
+    that shape in turn) for each row bucket; install the faster. Returns {shape: {rows: (choice, ms...)}}, plus
+    "failed_configs" if a candidate did not run on this device."""
     groups: dict[tuple, list[torch.nn.Linear]] = {}
     for mod in model.modules():
         if isinstance(mod, torch.nn.Linear) and mod.weight.is_cuda:
@@ -169,8 +187,12 @@ def tune_linears(model: torch.nn.Module, row_counts: list[int]) -> dict:
 
             base = _time_ms(lambda: run_all(None))
             best, best_ms = None, base
-            for cfg in CONFIGS:
-                ms = _time_ms(lambda cfg=cfg: run_all(cfg))
+            for cfg in CONFIGS + (ONE_ROW_CONFIGS if m == 1 else []):
+                try:
+                    ms = _time_ms(lambda cfg=cfg: run_all(cfg))
+                except Exception as e:  # e.g. out of shared memory for this shape: not a candidate
+                    report.setdefault("failed_configs", {})[f"{N}x{K} rows {m} {cfg}"] = f"{type(e).__name__}: {e}"[:200]
+                    continue
                 if ms < best_ms * 0.98:  # a clear win only
                     best, best_ms = cfg, ms
             if best is not None:

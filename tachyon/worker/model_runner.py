@@ -62,14 +62,16 @@ class ModelRunner:
         self.cuda_graphs = None  # tachyon.worker.cuda_graphs.CudaGraphs once captured
         self.timings: dict[str, float] = {"load_weights_s": self.load_time_s}
         self.pdl = False
-        if self.device.type == "cuda" and config.attention_backend == "triton":
+        if config.attention_backend == "triton":
             from tachyon.kernels import pdl
-            from tachyon.kernels.attention_backend import install_fused_ops
 
-            install_fused_ops(self.model)
             # process-wide: every Triton launch from here on (the last runner built decides)
             self.pdl = config.enable_pdl and pdl.supported(self.device)
             pdl.enable(self.pdl)
+        if self.device.type == "cuda" and config.attention_backend == "triton":
+            from tachyon.kernels.attention_backend import install_fused_ops
+
+            install_fused_ops(self.model)
 
     # -- KV cache ---------------------------------------------------------------------------------------
     def kv_bytes_per_block(self) -> int:
@@ -178,10 +180,13 @@ class ModelRunner:
         self._compile_decode_variants()
         self.timings["kernel_warmup_s"] = time.perf_counter() - t0
         t0 = time.perf_counter()
+        from tachyon.kernels import pdl
         from tachyon.kernels.gemv import tune_linears
         from tachyon.worker.cuda_graphs import capture_sizes
 
-        # small-batch linears: the skinny-GEMM kernel where it beats cuBLAS on these very weights
+        # small-batch linears: the skinny-GEMM kernel where it beats cuBLAS on these very weights (timed with
+        # plain launches; the graphs then try PDL on top)
+        pdl.enable(False)
         self.gemv_report = tune_linears(self.model, capture_sizes(self.config.scheduler.max_num_seqs))
         self.timings["gemv_tune_s"] = time.perf_counter() - t0
         t0 = time.perf_counter()
@@ -198,8 +203,12 @@ class ModelRunner:
         q = torch.randn(1, m.num_heads, m.head_dim, dtype=self.dtype, device=self.device)
         bt = torch.zeros(1, 4, dtype=torch.int32, device=self.device)
         lens = torch.ones(1, dtype=torch.int32, device=self.device)
-        for splits in (1, 2, 4, 8, 16, 32, 64):
-            decode_attention(q, k_cache, v_cache, bt, lens, 1.0, 64, num_splits=splits)
+        from tachyon.kernels import pdl
+
+        for on in sorted({False, self.pdl}):  # eager steps launch plainly; graphs may take the PDL variants
+            pdl.enable(on)
+            for splits in (1, 2, 4, 8, 16, 32, 64):
+                decode_attention(q, k_cache, v_cache, bt, lens, 1.0, 64, num_splits=splits)
 
     # -- swap space support --------------------------------------------------------------------------------
     def copy_blocks_to(self, src_ids: list[int], dst: torch.Tensor, dst_ids: list[int]) -> None:

@@ -2,7 +2,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from tachyon.kernels.gemv import CONFIGS, gemv, row_bucket, tune_linears, use_gemv
+from tachyon.kernels.gemv import CONFIGS, ONE_ROW_CONFIGS, gemv, row_bucket, tune_linears, use_gemv
 
 TOL = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 8e-3}
 
@@ -16,7 +16,8 @@ def test_gemv_matches_linear(dtype, device, rel_err, m, n, k, bias):
     w = (torch.randn(n, k) / k ** 0.5).to(device=device, dtype=dtype)
     b = torch.randn(n).to(device=device, dtype=dtype) if bias else None
     ref = F.linear(x.float(), w.float(), b.float() if bias else None)
-    for cfg in (CONFIGS[0], CONFIGS[3]) if device == "cpu" else CONFIGS:
+    cfgs = (CONFIGS[0], CONFIGS[3], ONE_ROW_CONFIGS[1]) if device == "cpu" else CONFIGS + ONE_ROW_CONFIGS
+    for cfg in cfgs:  # a late-reduce config on several rows takes the tl.dot path
         out = gemv(x, w, b, cfg)
         assert out.shape == (m, n) and out.dtype == dtype
         assert rel_err(out, ref) <= TOL[dtype], cfg

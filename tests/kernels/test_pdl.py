@@ -47,9 +47,9 @@ def _chain(x, ws, norm_w):
 @pytest.mark.parametrize("rows", [1, 4])
 def test_pdl_chain_in_a_cuda_graph_is_bitwise_the_plain_chain(rows, pdl_off_after):
     torch.manual_seed(0)
-    H, I = 2048, 4096
-    ws = [(torch.randn(2 * I, H, device="cuda", dtype=torch.bfloat16) / 40,
-           torch.randn(H, I, device="cuda", dtype=torch.bfloat16) / 60) for _ in range(10)]
+    H, inter = 2048, 4096
+    ws = [(torch.randn(2 * inter, H, device="cuda", dtype=torch.bfloat16) / 40,
+           torch.randn(H, inter, device="cuda", dtype=torch.bfloat16) / 60) for _ in range(10)]
     norm_w = torch.rand(H, device="cuda", dtype=torch.bfloat16) + 0.5
     x = torch.randn(rows, H, device="cuda", dtype=torch.bfloat16)
     pdl.enable(False)
@@ -82,7 +82,10 @@ def test_engine_with_pdl_gives_the_tokens_of_the_engine_without(tmp_path, pdl_of
     for on in (True, False):
         llm = LLM(model=str(tmp_path), dtype="bfloat16", num_kv_blocks=256, swap_space=0, enable_pdl=on,
                   max_num_seqs=8)
-        assert llm.engine.runner.pdl is on and pdl.enabled() is on
+        graphs = llm.engine.runner.cuda_graphs
+        assert llm.engine.runner.pdl is on and not pdl.enabled()  # eager steps launch plainly
+        assert all(set(ms) == ({"pdl", "plain"} if on else set()) for ms in graphs.replay_ms.values())
+        assert len(graphs.replay_ms) == (len(graphs.sizes) if on else 0) and set(graphs.pdl_sizes) <= set(graphs.sizes)
         got[on] = [o.outputs[0].token_ids for o in llm.generate([{"prompt_token_ids": p} for p in prompts], params)]
         assert llm.engine.kv.num_free_blocks == llm.engine.kv.num_blocks
         del llm
