@@ -179,12 +179,14 @@ def _cycle_prompts(n: int, vocab_hi: int) -> list[list[int]]:
     return out
 
 
-def trained_copy_llama(path: str, device: str, vocab: int = 4096, hidden: int = 512, layers: int = 4,
-                       steps: int = 600, batch: int = 64, seq: int = 256) -> dict:
+def trained_copy_llama(path: str, device: str, vocab: int = 512, hidden: int = 128, layers: int = 2,
+                       steps: int = 1500, batch: int = 32, seq: int = 96) -> dict:
     """A small Llama made here and trained for a few seconds to continue a repeated segment (an induction
     task), saved to `path` in fp32. A random-weight model's logits are nearly tied, so bf16 rounding flips its
     greedy choices whatever the implementation (transformers bf16 vs fp32 agree on 0/48 prompts); a model with
-    real margins tests the bf16 path itself."""
+    real margins tests the bf16 path itself. The defaults learn the task on a CPU in ~500 steps (loss 6.3 -> 1.3
+    by 700, cpu_trained_greedy.json); vocab 4096 / hidden 512 / 4 layers had not left the plateau after 600
+    steps on the H200 (loss 8.4 -> 7.9)."""
     import transformers
 
     cfg = transformers.LlamaConfig(vocab_size=vocab, hidden_size=hidden, intermediate_size=hidden * 11 // 4,
@@ -259,13 +261,14 @@ def cmd_correctness(args) -> dict:
             gc.collect()
             torch.cuda.empty_cache()
             log(key, out[key])
-    out.update(greedy_both_dtypes(d, "greedy_vs_transformers", None))
-    if args.trained:
+    if not args.trained_only:
+        out.update(greedy_both_dtypes(d, "greedy_vs_transformers", None))
+    if args.trained or args.trained_only:
         t = tempfile.mkdtemp()
         try:
             out["trained_model"] = trained_copy_llama(t, "cuda")
             log("trained_model", out["trained_model"])
-            out.update(greedy_both_dtypes(t, "trained_greedy_vs_transformers", _cycle_prompts(48, 4096)))
+            out.update(greedy_both_dtypes(t, "trained_greedy_vs_transformers", _cycle_prompts(48, 512)))
         except Exception:
             out["trained_model"] = {"error": traceback.format_exc()}
     return out
@@ -667,6 +670,7 @@ def main():
     ap.add_argument("--hf-concurrency", default="1,4,16,64,256")
     ap.add_argument("--hf-out", type=int, default=256)
     ap.add_argument("--greedy-only", action="store_true", help="correctness: skip the Triton-vs-torch logits check")
+    ap.add_argument("--trained-only", action="store_true", help="correctness: the trained model's check alone")
     ap.add_argument("--trained", action="store_true",
                     help="correctness: also a small Llama trained here for seconds (greedy margins bf16 can resolve)")
     args = ap.parse_args()
