@@ -15,7 +15,7 @@ d = json.load(open(sys.argv[1]))
 print("pdl sizes", d.get("pdl_graph_sizes"))
 print("single", round(d["single"]["decode_tok_s"], 1), "replay1", round(d["single"]["graph_replay_ms_batch1"], 3))
 print("sweep", {k: round(v["output_tok_s"]) for k, v in d["sweep"].items()})
-print("throughput", round(d["throughput"]["output_tok_s"]), "random", d.get("random_runs_output_tok_s"))
+print("throughput", round(d["throughput"]["output_tok_s"]), "random", round(d["random"]["output_tok_s"]), d.get("random_repeats_prefix_cache_off_output_tok_s"))
 PY
 python benchmarks/gpu_run.py correctness --greedy-only --trained-only --out "$OUT/corr.json" > /tmp/corr.log 2>&1
 grep -E "trained_greedy|trained_model" /tmp/corr.log | cut -c1-400
