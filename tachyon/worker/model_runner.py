@@ -65,9 +65,10 @@ class ModelRunner:
         if config.attention_backend == "triton":
             from tachyon.kernels import pdl
 
-            # process-wide: every Triton launch from here on (the last runner built decides)
+            # whether the decode graphs may try PDL (cuda_graphs.CudaGraphs.capture); eager steps and everything
+            # before the capture launch plainly, so the profile run compiles the kernel variants they use
             self.pdl = config.enable_pdl and pdl.supported(self.device)
-            pdl.enable(self.pdl)
+            pdl.enable(False)
         if self.device.type == "cuda" and config.attention_backend == "triton":
             from tachyon.kernels.attention_backend import install_fused_ops
 
@@ -180,13 +181,11 @@ class ModelRunner:
         self._compile_decode_variants()
         self.timings["kernel_warmup_s"] = time.perf_counter() - t0
         t0 = time.perf_counter()
-        from tachyon.kernels import pdl
         from tachyon.kernels.gemv import tune_linears
         from tachyon.worker.cuda_graphs import capture_sizes
 
         # small-batch linears: the skinny-GEMM kernel where it beats cuBLAS on these very weights (timed with
         # plain launches; the graphs then try PDL on top)
-        pdl.enable(False)
         self.gemv_report = tune_linears(self.model, capture_sizes(self.config.scheduler.max_num_seqs))
         self.timings["gemv_tune_s"] = time.perf_counter() - t0
         t0 = time.perf_counter()
@@ -209,6 +208,7 @@ class ModelRunner:
             pdl.enable(on)
             for splits in (1, 2, 4, 8, 16, 32, 64):
                 decode_attention(q, k_cache, v_cache, bt, lens, 1.0, 64, num_splits=splits)
+        pdl.enable(False)
 
     # -- swap space support --------------------------------------------------------------------------------
     def copy_blocks_to(self, src_ids: list[int], dst: torch.Tensor, dst_ids: list[int]) -> None:
