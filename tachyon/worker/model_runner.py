@@ -202,13 +202,8 @@ class ModelRunner:
         q = torch.randn(1, m.num_heads, m.head_dim, dtype=self.dtype, device=self.device)
         bt = torch.zeros(1, 4, dtype=torch.int32, device=self.device)
         lens = torch.ones(1, dtype=torch.int32, device=self.device)
-        from tachyon.kernels import pdl
-
-        for on in sorted({False, self.pdl}):  # eager steps launch plainly; graphs may take the PDL variants
-            pdl.enable(on)
-            for splits in (1, 2, 4, 8, 16, 32, 64):
-                decode_attention(q, k_cache, v_cache, bt, lens, 1.0, 64, num_splits=splits)
-        pdl.enable(False)
+        for splits in (1, 2, 4, 8, 16, 32, 64):  # plain launches (PDL is only ever on inside graph captures)
+            decode_attention(q, k_cache, v_cache, bt, lens, 1.0, 64, num_splits=splits)
 
     # -- swap space support --------------------------------------------------------------------------------
     def copy_blocks_to(self, src_ids: list[int], dst: torch.Tensor, dst_ids: list[int]) -> None:
