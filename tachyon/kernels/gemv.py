@@ -160,11 +160,28 @@ def _time_ms(fn, reps: int = 5) -> float:
     return sorted(times)[len(times) // 2]
 
 
+# how far a candidate's output may be from F.linear's on the same input (||diff|| / ||ref||) before it is refused
+AGREE_TOL = {torch.float32: 1e-4, torch.float16: 5e-3, torch.bfloat16: 2e-2}
+
+
+def check_config(x: torch.Tensor, linear: torch.nn.Linear, cfg: tuple) -> str | None:
+    """None if gemv with this config gives F.linear's result on x (within the dtype's rounding), else why not.
+    The tuner runs it before timing a candidate, so a config that computes wrongly on this device (a compiler
+    or hardware quirk no CPU test can see) is never installed."""
+    ref = F.linear(x, linear.weight, linear.bias).float()
+    out = gemv(x, linear.weight, linear.bias, cfg).float()
+    err = ((out - ref).norm() / ref.norm().clamp_min(1e-30)).item()
+    if not err <= AGREE_TOL.get(x.dtype, 2e-2):  # also catches NaN
+        return f"wrong result: relative error {err:.3g} against F.linear"
+    return None
+
+
 @torch.inference_mode()
 def tune_linears(model: torch.nn.Module, row_counts: list[int]) -> dict:
     """Time cuBLAS and every config on the model's linear layers (grouped by shape, run over all layers of
-    that shape in turn) for each row bucket; install the faster. Returns {shape: {rows: (choice, ms...)}}, plus
-    "failed_configs" if a candidate did not run on this device."""
+    that shape in turn) for each row bucket; install the faster. Candidates that do not run on this device or do
+    not give F.linear's result (`check_config`) are skipped. Returns {shape: {rows: (choice, ms...)}}, plus
+    "failed_configs" naming any skipped candidate and why."""
     groups: dict[tuple, list[torch.nn.Linear]] = {}
     for mod in model.modules():
         if isinstance(mod, torch.nn.Linear) and mod.weight.is_cuda:
@@ -189,9 +206,12 @@ def tune_linears(model: torch.nn.Module, row_counts: list[int]) -> dict:
             best, best_ms = None, base
             for cfg in CONFIGS + (ONE_ROW_CONFIGS if m == 1 else []):
                 try:
-                    ms = _time_ms(lambda cfg=cfg: run_all(cfg))
+                    why = check_config(x, mods[0], cfg)
+                    ms = _time_ms(lambda cfg=cfg: run_all(cfg)) if why is None else None
                 except Exception as e:  # e.g. out of shared memory for this shape: not a candidate
-                    report.setdefault("failed_configs", {})[f"{N}x{K} rows {m} {cfg}"] = f"{type(e).__name__}: {e}"[:200]
+                    why = f"{type(e).__name__}: {e}"[:200]
+                if why is not None:
+                    report.setdefault("failed_configs", {})[f"{N}x{K} rows {m} {cfg}"] = why
                     continue
                 if ms < best_ms * 0.98:  # a clear win only
                     best, best_ms = cfg, ms

@@ -2,7 +2,15 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from tachyon.kernels.gemv import CONFIGS, ONE_ROW_CONFIGS, gemv, row_bucket, tune_linears, use_gemv
+from tachyon.kernels.gemv import (
+    CONFIGS,
+    ONE_ROW_CONFIGS,
+    check_config,
+    gemv,
+    row_bucket,
+    tune_linears,
+    use_gemv,
+)
 
 TOL = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 8e-3}
 
@@ -36,6 +44,22 @@ def test_gemv_rejects_bad_shapes(device):
         gemv(torch.randn(17, 8, device=device), torch.randn(4, 8, device=device))
     with pytest.raises(ValueError, match="columns"):
         gemv(torch.randn(2, 8, device=device), torch.randn(4, 9, device=device))
+
+
+@pytest.mark.parametrize("cfg", [CONFIGS[0], ONE_ROW_CONFIGS[1]])
+def test_check_config_accepts_a_right_kernel_and_refuses_a_wrong_one(device, monkeypatch, cfg):
+    torch.manual_seed(1)
+    lin = torch.nn.Linear(96, 40).to(device)
+    x = torch.randn(1, 96, device=device)
+    assert check_config(x, lin, cfg) is None
+    import tachyon.kernels.gemv as mod
+
+    real = mod.gemv
+    off_by_one_row = lambda x, w, b, c: real(x, w.roll(1, 0), b, c)  # noqa: E731 - a kernel that mixes up rows
+    monkeypatch.setattr(mod, "gemv", off_by_one_row)
+    assert "wrong result" in check_config(x, lin, cfg)
+    monkeypatch.setattr(mod, "gemv", lambda x, w, b, c: real(x, w, b, c) * float("nan"))
+    assert "wrong result" in check_config(x, lin, cfg)
 
 
 def test_row_bucket():
