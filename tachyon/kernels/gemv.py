@@ -19,6 +19,7 @@ import triton
 import triton.language as tl
 
 from tachyon.kernels import pdl
+from tachyon.kernels.timing import median_replay_ms
 
 # (BLOCK_N, BLOCK_K, num_warps, num_stages): the candidates the tuner times on the device
 CONFIGS = [(8, 512, 4, 4), (16, 256, 4, 4), (16, 512, 8, 3), (32, 256, 4, 4), (32, 128, 4, 6), (64, 128, 8, 4)]
@@ -42,26 +43,22 @@ def _gemv_kernel(
     mask_n = offs_n < N
     offs_k = tl.arange(0, BLOCK_K)
     w_rows = w_ptr + offs_n.to(tl.int64)[:, None] * stride_wn
-    if ONE_ROW and LATE_REDUCE:
-        acc2 = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
-        for k0 in range(0, K, BLOCK_K):
-            kk = k0 + offs_k
-            mask_k = kk < K
-            w = tl.load(w_rows + kk[None, :], mask=mask_n[:, None] & mask_k[None, :], other=0.0)
-            x = tl.load(x_ptr + kk, mask=mask_k, other=0.0)
-            acc2 += w.to(tl.float32) * x.to(tl.float32)[None, :]
-        acc = tl.sum(acc2, axis=1)
-        if HAS_BIAS:
-            acc += tl.load(b_ptr + offs_n, mask=mask_n, other=0.0).to(tl.float32)
-        tl.store(y_ptr + offs_n, acc.to(y_ptr.dtype.element_ty), mask=mask_n)
-    elif ONE_ROW:
+    if ONE_ROW:
         acc = tl.zeros((BLOCK_N,), dtype=tl.float32)
+        if LATE_REDUCE:  # elementwise products kept per (n, k) lane, summed over k once after the loop
+            acc2 = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
         for k0 in range(0, K, BLOCK_K):
             kk = k0 + offs_k
             mask_k = kk < K
             w = tl.load(w_rows + kk[None, :], mask=mask_n[:, None] & mask_k[None, :], other=0.0)
             x = tl.load(x_ptr + kk, mask=mask_k, other=0.0)
-            acc += tl.sum(w.to(tl.float32) * x.to(tl.float32)[None, :], axis=1)
+            prod = w.to(tl.float32) * x.to(tl.float32)[None, :]
+            if LATE_REDUCE:
+                acc2 += prod
+            else:
+                acc += tl.sum(prod, axis=1)
+        if LATE_REDUCE:
+            acc = tl.sum(acc2, axis=1)
         if HAS_BIAS:
             acc += tl.load(b_ptr + offs_n, mask=mask_n, other=0.0).to(tl.float32)
         tl.store(y_ptr + offs_n, acc.to(y_ptr.dtype.element_ty), mask=mask_n)
@@ -146,18 +143,7 @@ def _time_ms(fn, reps: int = 5) -> float:
     with torch.cuda.stream(stream), torch.cuda.graph(graph, stream=stream):
         fn()
     torch.cuda.current_stream().wait_stream(stream)
-    graph.replay()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(reps):
-        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        s.record()
-        graph.replay()
-        e.record()
-        e.synchronize()
-        times.append(s.elapsed_time(e))
-    del graph
-    return sorted(times)[len(times) // 2]
+    return median_replay_ms(graph, reps)
 
 
 # how far a candidate's output may be from F.linear's on the same input (||diff|| / ||ref||) before it is refused
@@ -207,7 +193,8 @@ def tune_linears(model: torch.nn.Module, row_counts: list[int]) -> dict:
             for cfg in CONFIGS + (ONE_ROW_CONFIGS if m == 1 else []):
                 try:
                     why = check_config(x, mods[0], cfg)
-                    ms = _time_ms(lambda cfg=cfg: run_all(cfg)) if why is None else None
+                    if why is None:
+                        ms = _time_ms(lambda cfg=cfg: run_all(cfg))
                 except Exception as e:  # e.g. out of shared memory for this shape: not a candidate
                     why = f"{type(e).__name__}: {e}"[:200]
                 if why is not None:

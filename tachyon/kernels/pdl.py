@@ -9,8 +9,9 @@ the first grid has finished and its writes are visible. Every Tachyon kernel cal
 touches memory, so a PDL launch behaves exactly like a plain one except for when its programs get placed;
 a kernel launched after a non-PDL kernel (cuBLAS, torch) simply waits for it as usual.
 
-`enable` is switched on by the GPU runner (sm_90 and later, not under the Triton interpreter); `launch_args`
-is what each launcher passes to its kernel.
+`enable` is process-wide and off by default: the GPU runner (where `supported`) turns it on only while it
+captures a decode CUDA graph's PDL variant (worker/cuda_graphs.py); `launch_args` is what each launcher passes
+to its kernel.
 """
 
 from __future__ import annotations

@@ -12,6 +12,7 @@ import bisect
 import numpy as np
 import torch
 
+from tachyon.kernels.timing import median_replay_ms
 from tachyon.layers.attention import AttentionMetadata
 
 
@@ -63,57 +64,46 @@ class CudaGraphs:
         from tachyon.kernels import pdl
 
         self = cls(runner, capture_sizes(runner.config.scheduler.max_num_seqs))
-        self.pdl_sizes: list[int] = []
-        self.replay_ms: dict[int, dict[str, float]] = {}
-        variants = (False, True) if runner.pdl else (False,)
+        self.replay_ms: dict[int, dict[str, float]] = {}  # per size, when both launch kinds were timed
         pool = None
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):
             for bs in reversed(self.sizes):  # largest first, so the smaller graphs reuse its memory pool
-                best = None
-                for on in variants:
+                captured = {}
+                for on in (False, True) if runner.pdl else (False,):
                     pdl.enable(on)
                     self._forward(bs)  # warm-up outside the graph: Triton compiles, workspaces get allocated
                     g = torch.cuda.CUDAGraph()
                     with torch.cuda.graph(g, pool=pool, stream=stream):
                         self._forward(bs)
                     pool = g.pool()
-                    if len(variants) == 1:
-                        best = (0.0, on, g)
-                        break
-                    ms = self._time_replay(g, bs)
-                    self.replay_ms.setdefault(bs, {})["pdl" if on else "plain"] = round(ms, 4)
-                    if best is None or ms < best[0]:
-                        best = (ms, on, g)
-                self.graphs[bs] = best[2]
-                if best[1]:
-                    self.pdl_sizes.append(bs)
+                    captured[on] = g
+                use_pdl = False
+                if runner.pdl:
+                    ms = {kind: round(self._time_replay(captured[on], bs), 4)
+                          for kind, on in (("plain", False), ("pdl", True))}
+                    self.replay_ms[bs] = ms
+                    use_pdl = ms["pdl"] < ms["plain"]
+                self.graphs[bs] = captured[use_pdl]
         pdl.enable(False)  # eager steps launch plainly: PDL is only kept where a replay measured it faster
-        self._clear_timing_inputs()
+        self.seq_lens.zero_()  # what _time_replay left in the inputs
+        self.block_tables.zero_()
         torch.cuda.current_stream().wait_stream(stream)
         return self
 
-    def _time_replay(self, g: torch.cuda.CUDAGraph, bs: int, reps: int = 5) -> float:
+    @property
+    def pdl_sizes(self) -> list[int]:
+        """The sizes whose graph launches with PDL: where its replay measured faster than the plain one."""
+        return [bs for bs, ms in self.replay_ms.items() if ms["pdl"] < ms["plain"]]
+
+    def _time_replay(self, g: torch.cuda.CUDAGraph, bs: int) -> float:
         """Median replay time in ms, every row a 256-token context (reads only: slot -1 writes nothing)."""
         nb = -(-256 // self.runner.block_size)
         self.seq_lens[:bs] = 256
         self.block_tables[:bs, :nb] = torch.arange(bs * nb, device=self.block_tables.device,
                                                    dtype=torch.int32).view(bs, nb) % max(self.runner.num_blocks, 1)
-        g.replay()
-        times = []
-        for _ in range(reps):
-            s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            s.record()
-            g.replay()
-            e.record()
-            e.synchronize()
-            times.append(s.elapsed_time(e))
-        return sorted(times)[len(times) // 2]
-
-    def _clear_timing_inputs(self) -> None:
-        self.seq_lens.zero_()
-        self.block_tables.zero_()
+        return median_replay_ms(g)
 
     def fits(self, batch: int) -> bool:
         return batch <= self.sizes[-1]
