@@ -3,15 +3,21 @@
 `create_app(async_engine, model_name)` builds it; the app's lifespan starts the engine loop and, on shutdown,
 stops taking requests and aborts whatever is still running (uvicorn has already let in-flight requests
 finish for its graceful-shutdown timeout).
+
+Hostile or broken input is answered before it costs anything: a missing key (401), a body over the limit
+(413, from its Content-Length before a byte is read, or as soon as a chunked body passes it), a body that is
+not JSON (415); a client that leaves mid-body is dropped quietly and nothing reaches the engine.
 """
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import hmac
 import logging
 import os
 import time
+from collections.abc import Sequence
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
@@ -19,7 +25,7 @@ from fastapi.exceptions import RequestValidationError
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 
 import tachyon
@@ -34,12 +40,25 @@ logger = logging.getLogger("tachyon")
 ROUTES = ("/v1/completions", "/v1/chat/completions", "/v1/models", "/health", "/version", "/metrics")
 
 
-class _Gate:
-    """Pure ASGI middleware (no buffering of streams): API key on /v1 routes, HTTP request counter."""
+class _BodyTooLarge(Exception):
+    def __init__(self, received: int):
+        self.received = received
 
-    def __init__(self, app, api_key: str | None, metrics: ServerMetrics):
+
+class _Gate:
+    """Pure ASGI middleware (no buffering of streams): API keys, request body limit, HTTP request counter.
+
+    What it refuses is refused from the headers, before the app runs, or (a chunked body over the limit) at the
+    `receive()` that passes the limit, so the app never reads the rest.
+    """
+
+    def __init__(self, app, api_keys: Sequence[str], keyed_paths: frozenset[str], max_body_bytes: int | None,
+                 metrics: ServerMetrics):
         self.app = app
-        self.api_key = api_key.encode() if api_key else None
+        # Digests, so every comparison is of equal length and its time says nothing about the keys.
+        self.key_digests = [hashlib.sha256(k.encode()).digest() for k in api_keys]
+        self.keyed_paths = keyed_paths
+        self.max_body_bytes = max_body_bytes
         self.metrics = metrics
 
     async def __call__(self, scope, receive, send):
@@ -47,7 +66,8 @@ class _Gate:
             return await self.app(scope, receive, send)
         path = scope["path"]
         route = path if path in ROUTES else ("/v1/models" if path.startswith("/v1/models/") else "other")
-        status = 500
+        status = None  # none sent: the app raised, and ServerErrorMiddleware answers 500
+        received = 0
 
         async def send_with_status(message):
             nonlocal status
@@ -55,27 +75,88 @@ class _Gate:
                 status = message["status"]
             await send(message)
 
+        async def receive_counted():
+            nonlocal received
+            message = await receive()
+            if message["type"] == "http.request" and self.max_body_bytes is not None:
+                received += len(message.get("body", b""))
+                if received > self.max_body_bytes:
+                    raise _BodyTooLarge(received)
+            return message
+
         try:
-            if self.api_key is not None and path.startswith("/v1") and not self._authorized(scope):
-                body = error_body(401, "a valid API key is needed: send the header 'Authorization: Bearer KEY'")
-                return await JSONResponse(body, status_code=401,
-                                          headers={"WWW-Authenticate": "Bearer"})(scope, receive, send_with_status)
-            await self.app(scope, receive, send_with_status)
+            refusal = self._refusal(scope)
+            if refusal is not None:
+                return await refusal(scope, receive, send_with_status)
+            await self.app(scope, receive_counted, send_with_status)
+        except _BodyTooLarge as e:
+            if status is not None:
+                raise
+            await self._closing(413, self._too_large(f"at least {e.received}"))(scope, receive, send_with_status)
         finally:
-            self.metrics.http.labels(self.metrics.model_name, route, str(status)).inc()
+            self.metrics.http.labels(self.metrics.model_name, route, str(status or 500)).inc()
+
+    def _refusal(self, scope) -> Response | None:
+        """The answer to a request its headers already rule out, or None to let it in."""
+        path = scope["path"]
+        if self.key_digests and (path.startswith("/v1") or path in self.keyed_paths) and not self._authorized(scope):
+            body = error_body(401, "a valid API key is needed: send the header 'Authorization: Bearer KEY'")
+            return JSONResponse(body, status_code=401, headers={"WWW-Authenticate": "Bearer"})
+        if self.max_body_bytes is not None:
+            for name, value in scope["headers"]:
+                if name != b"content-length":
+                    continue
+                # Digits only (int() would also take " +1_0"); a hundred digits is no real size.
+                size = int(value) if value.isdigit() and len(value) < 100 else None
+                if size is None:
+                    shown = value.decode("latin-1")[:40]
+                    return self._closing(400, f"the Content-Length header {shown!r} is not a number of bytes")
+                if size > self.max_body_bytes:
+                    return self._closing(413, self._too_large(str(size)))
+        return None
+
+    def _too_large(self, size: str) -> str:
+        return (f"the request body is {size} bytes; this server accepts at most {self.max_body_bytes} bytes "
+                "(--max-request-body-mb)")
+
+    @staticmethod
+    def _closing(status: int, message: str) -> JSONResponse:
+        # The unread rest of the body is not worth draining: the server closes the connection after answering.
+        return JSONResponse(error_body(status, message), status_code=status, headers={"Connection": "close"})
 
     def _authorized(self, scope) -> bool:
         for name, value in scope["headers"]:
             if name == b"authorization":
                 scheme, _, key = value.partition(b" ")
-                return scheme.lower() == b"bearer" and hmac.compare_digest(key.strip(), self.api_key)
+                digest = hashlib.sha256(key.strip()).digest()
+                # Compare with every key, no early exit: the time taken does not say which key matched.
+                matches = [hmac.compare_digest(digest, k) for k in self.key_digests]
+                return scheme.lower() == b"bearer" and any(matches)
         return False
 
 
-def create_app(async_engine: AsyncEngine, model_name: str, api_key: str | None = None,
-               model_path: str | None = None) -> FastAPI:
-    api_key = api_key or os.environ.get("TACHYON_API_KEY") or None
-    serving = OpenAIServing(async_engine, model_name)
+def _api_keys(api_key: str | Sequence[str] | None) -> list[str]:
+    """The keys given (one or several), else those in $TACHYON_API_KEY (comma-separated); [] means no auth."""
+    keys = [api_key] if isinstance(api_key, str) else list(api_key or ())
+    keys = [k for k in keys if k]
+    return keys or [k.strip() for k in os.environ.get("TACHYON_API_KEY", "").split(",") if k.strip()]
+
+
+def _is_json(content_type: str) -> bool:
+    media_type = content_type.partition(";")[0].strip().lower()
+    # application/json, or a JSON-based type such as application/merge-patch+json
+    return media_type == "application/json" or (media_type.startswith("application/")
+                                                and media_type.endswith("+json"))
+
+
+def create_app(async_engine: AsyncEngine, model_name: str, api_key: str | Sequence[str] | None = None,
+               model_path: str | None = None, *, max_request_body_bytes: int | None = 16 * 2**20,
+               metrics_require_api_key: bool = False, request_timeout: float | None = None) -> FastAPI:
+    """`api_key`: one key or several (default: $TACHYON_API_KEY, comma-separated); with any, /v1 routes and the
+    API docs need one, and /metrics too if `metrics_require_api_key`. `max_request_body_bytes=None`: no limit.
+    `request_timeout`: seconds from arrival after which a request is aborted (None: no limit)."""
+    api_keys = _api_keys(api_key)
+    serving = OpenAIServing(async_engine, model_name, request_timeout=request_timeout)
     metrics = ServerMetrics(async_engine.engine, model_name)
     async_engine.on_step = metrics.on_step
     created = int(time.time())
@@ -93,7 +174,10 @@ def create_app(async_engine: AsyncEngine, model_name: str, api_key: str | None =
     app.state.engine = async_engine.engine
     app.state.serving = serving
     app.state.metrics = metrics
-    app.add_middleware(_Gate, api_key=api_key, metrics=metrics)
+    docs = {app.docs_url, app.redoc_url, app.openapi_url, app.swagger_ui_oauth2_redirect_url} - {None}
+    keyed_paths = frozenset(docs | ({"/metrics"} if metrics_require_api_key else set()))
+    app.add_middleware(_Gate, api_keys=api_keys, keyed_paths=keyed_paths, max_body_bytes=max_request_body_bytes,
+                       metrics=metrics)
 
     # -- errors: always {"error": {...}}, never FastAPI's 422 ----------------------------------------------
     @app.exception_handler(APIError)
@@ -112,12 +196,21 @@ def create_app(async_engine: AsyncEngine, model_name: str, api_key: str | None =
         message = e.detail if isinstance(e.detail, str) else str(e.detail)
         return JSONResponse(error_body(e.status_code, message), status_code=e.status_code, headers=e.headers)
 
+    @app.exception_handler(ClientDisconnect)
+    async def _client_gone(request: Request, _):
+        logger.debug("%s %s: the client left before sending the whole body", request.method, request.url.path)
+        return Response(status_code=499)  # nginx's "client closed request": uvicorn drops it, the counter keeps it
+
     @app.exception_handler(Exception)
     async def _internal(_, e: Exception):
         logger.exception("unhandled error")
         return JSONResponse(error_body(500, f"internal error: {e!r}"), status_code=500)
 
     async def parse(request: Request, model):
+        content_type = request.headers.get("content-type")
+        if content_type and not _is_json(content_type):
+            raise APIError(415, "the request body must be JSON: send the header 'Content-Type: application/json' "
+                                f"(got {content_type[:80]!r})")
         try:
             return model.model_validate_json(await request.body())
         except ValidationError as e:

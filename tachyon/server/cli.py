@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import math
 import os
 import signal
 import threading
@@ -18,8 +19,16 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("server")
     g.add_argument("--host", default="127.0.0.1")
     g.add_argument("--port", type=int, default=8000)
-    g.add_argument("--api-key", default=None,
-                   help="require 'Authorization: Bearer KEY' on /v1 routes (default: $TACHYON_API_KEY)")
+    g.add_argument("--api-key", action="extend", nargs="+", default=None, metavar="KEY",
+                   help="require 'Authorization: Bearer KEY' on /v1 routes and the API docs; repeat it or list "
+                        "several keys to accept any of them (default: $TACHYON_API_KEY, comma-separated)")
+    g.add_argument("--metrics-require-api-key", action="store_true",
+                   help="/metrics needs the key too (default: open, for a Prometheus scraper)")
+    g.add_argument("--max-request-body-mb", type=float, default=16.0,
+                   help="answer 413 to a request body larger than this many MiB ('inf': no limit)")
+    g.add_argument("--request-timeout", type=float, default=None,
+                   help="abort a request that has not finished this many seconds after it arrived "
+                        "(default: no limit)")
     g.add_argument("--served-model-name", default=None,
                    help="the model name clients send (default: the model path's basename)")
     g.add_argument("--max-queued-requests", type=int, default=None,
@@ -55,7 +64,10 @@ def build_app(args: argparse.Namespace):
     engine = EngineArgs(**engine_kwargs(args)).create_engine()
     async_engine = AsyncEngine(engine, max_queued_requests=args.max_queued_requests)
     name = served_model_name(args.model, args.served_model_name)
-    return create_app(async_engine, name, api_key=args.api_key, model_path=args.model)
+    body_mb = args.max_request_body_mb
+    return create_app(async_engine, name, api_key=args.api_key, model_path=args.model,
+                      max_request_body_bytes=None if math.isinf(body_mb) else int(body_mb * 2**20),
+                      metrics_require_api_key=args.metrics_require_api_key, request_timeout=args.request_timeout)
 
 
 def run_server(args: argparse.Namespace) -> int:
@@ -64,6 +76,10 @@ def run_server(args: argparse.Namespace) -> int:
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if args.max_queued_requests is not None and args.max_queued_requests < 1:
         raise ValueError(f"--max-queued-requests={args.max_queued_requests}: it must be >= 1")
+    for flag, value in (("--max-request-body-mb", args.max_request_body_mb),
+                        ("--request-timeout", args.request_timeout)):
+        if value is not None and not value > 0:  # also refuses nan
+            raise ValueError(f"{flag}={value}: it must be > 0")
     app = build_app(args)
 
     serving = app.state.serving
