@@ -18,11 +18,14 @@ ERROR_TYPES = {
     404: "NotFoundError",
     405: "MethodNotAllowedError",
     409: "ConflictError",
+    408: "RequestTimeoutError",
     413: "RequestTooLargeError",
+    415: "UnsupportedMediaTypeError",
     422: "UnprocessableEntityError",
     429: "RateLimitError",
     500: "InternalServerError",
     503: "ServiceUnavailableError",
+    504: "GatewayTimeoutError",
 }
 
 

@@ -88,8 +88,9 @@ class _Job:
 
 
 class OpenAIServing:
-    def __init__(self, async_engine: AsyncEngine, model_name: str):
+    def __init__(self, async_engine: AsyncEngine, model_name: str, request_timeout: float | None = None):
         self.async_engine = async_engine
+        self.request_timeout = request_timeout  # seconds from arrival; then the request is aborted
         self.engine = async_engine.engine
         self.tokenizer = self.engine.tokenizer
         self.model_name = model_name
