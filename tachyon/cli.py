@@ -31,6 +31,10 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--num-scheduler-steps", type=int, default=None,
                    help="decode forwards queued on the GPU ahead of the host's bookkeeping when no request "
                         "can be admitted (default: 3 with CUDA graphs, else 1 = one forward per round trip)")
+    g.add_argument("--max-n", type=int, default=128,
+                   help="the largest n (choices per request) a request may ask for; more is a 400")
+    g.add_argument("--max-logprobs", type=int, default=20,
+                   help="the most top logprobs per token a request may ask for; more is a 400")
     g.add_argument("--enable-pdl", action=argparse.BooleanOptionalAction, default=True,
                    help="programmatic dependent launch of the Triton kernels (sm_90+ GPUs; off elsewhere)")
 

@@ -172,3 +172,5 @@ class EngineConfig:
     enforce_eager: bool = True
     seed: int = 0
     enable_pdl: bool = False  # the runner switches it on only where tachyon.kernels.pdl.supported
+    max_n: int = 128  # sequences one request may ask for (n), as OpenAI's API allows
+    max_logprobs: int = 20  # top logprobs one request may ask for per token, as vLLM's default

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import logging
 from collections.abc import Sequence
 
 import torch
@@ -11,6 +12,8 @@ from tachyon.engine.args import EngineArgs
 from tachyon.engine.chat import encode_chat
 from tachyon.outputs import RequestOutput
 from tachyon.sampling_params import SamplingParams
+
+logger = logging.getLogger("tachyon")
 
 PromptType = str | dict | list[int]
 
@@ -87,6 +90,9 @@ class LLM:
                             bar.update(1)
         if bar is not None:
             bar.close()
+        for out in done.values():
+            if out.error is not None:  # the others are complete: return them all, this one says what went wrong
+                logger.warning("request %s ended with an error: %s", out.request_id, out.error)
         return [done[r] for r in order]
 
     def chat(self, messages: list[dict] | list[list[dict]], sampling_params: SamplingParams | None = None,

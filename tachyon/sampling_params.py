@@ -2,7 +2,21 @@
 
 from __future__ import annotations
 
+import math
+import numbers
 from dataclasses import dataclass, field
+
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+MAX_STOP_STRINGS = 128  # each is searched for after every token: bounded work per step
+MAX_STOP_TOKEN_IDS = 1024
+
+
+class InvalidRequestError(ValueError):
+    """A request the engine refuses before it enters; `param` names the field to change."""
+
+    def __init__(self, message: str, param: str | None = None):
+        super().__init__(message)
+        self.param = param
 
 
 @dataclass
@@ -27,43 +41,68 @@ class SamplingParams:
     stop_strings: list[str] = field(init=False, default_factory=list)
 
     def __post_init__(self) -> None:
-        self.stop_strings = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
-        self.stop_token_ids = list(self.stop_token_ids or [])
-        if self.top_k == 0:
+        if self.top_k == 0 and not isinstance(self.top_k, bool):
             self.top_k = -1
         self.verify()
 
     def verify(self) -> None:
-        """Raise ValueError naming the field and the allowed range, before the request reaches the engine."""
+        """Check every field's type and range (InvalidRequestError naming the field), before the request
+        reaches the engine: whatever passes here, the sampler's tensors and the stop checks can hold.
+        Limits that depend on the engine (vocabulary, context, --max-n, --max-logprobs) are LLMEngine.validate's."""
         def bad(name, value, allowed):
-            raise ValueError(f"SamplingParams.{name}={value!r} is out of range: {allowed}")
+            shown = repr(value) if len(repr(value)) < 80 else f"{type(value).__name__} of {len(value)}"
+            raise InvalidRequestError(f"SamplingParams.{name}={shown} is out of range: {allowed}", name)
 
-        if not isinstance(self.n, int) or self.n < 1:
-            bad("n", self.n, "it must be an integer >= 1")
-        if self.temperature < 0:
-            bad("temperature", self.temperature, "it must be >= 0 (0 = greedy)")
-        if not 0 < self.top_p <= 1:
-            bad("top_p", self.top_p, "it must be in (0, 1]")
-        if not isinstance(self.top_k, int) or self.top_k < -1:
-            bad("top_k", self.top_k, "it must be -1 (off) or a positive integer")
-        if not 0 <= self.min_p <= 1:
-            bad("min_p", self.min_p, "it must be in [0, 1]")
-        if self.repetition_penalty <= 0:
-            bad("repetition_penalty", self.repetition_penalty, "it must be > 0 (1 = off)")
-        if not -2 <= self.presence_penalty <= 2:
-            bad("presence_penalty", self.presence_penalty, "it must be in [-2, 2]")
-        if not -2 <= self.frequency_penalty <= 2:
-            bad("frequency_penalty", self.frequency_penalty, "it must be in [-2, 2]")
-        if self.max_tokens is not None and (not isinstance(self.max_tokens, int) or self.max_tokens < 1):
-            bad("max_tokens", self.max_tokens, "it must be an integer >= 1, or None for up to the context length")
-        if self.min_tokens < 0 or (self.max_tokens is not None and self.min_tokens > self.max_tokens):
-            bad("min_tokens", self.min_tokens, "it must be >= 0 and <= max_tokens")
-        if self.logprobs is not None and not 0 <= self.logprobs <= 20:
-            bad("logprobs", self.logprobs, "it must be in [0, 20]")
-        if any(not s for s in self.stop_strings):
-            bad("stop", self.stop, "stop strings must be non-empty")
-        if self.seed is not None and not isinstance(self.seed, int):
-            bad("seed", self.seed, "it must be an integer")
+        def integer(name, lo, hi, allowed, none_ok=False):
+            v = getattr(self, name)
+            if v is None and none_ok:
+                return
+            if isinstance(v, bool) or not isinstance(v, numbers.Integral) or not lo <= v <= hi:
+                bad(name, v, allowed)
+            setattr(self, name, int(v))
+
+        def real(name, ok, allowed):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, numbers.Real) or not math.isfinite(v) or not ok(v):
+                bad(name, v, allowed)
+            setattr(self, name, float(v))
+
+        def flag(name):
+            if not isinstance(getattr(self, name), bool):
+                bad(name, getattr(self, name), "it must be true or false")
+
+        integer("n", 1, INT64_MAX, "it must be an integer >= 1")
+        real("temperature", lambda v: v >= 0, "it must be a finite number >= 0 (0 = greedy)")
+        real("top_p", lambda v: 0 < v <= 1, "it must be in (0, 1]")
+        integer("top_k", -1, INT64_MAX, "it must be -1 (off) or a positive integer")
+        real("min_p", lambda v: 0 <= v <= 1, "it must be in [0, 1]")
+        real("repetition_penalty", lambda v: v > 0, "it must be a finite number > 0 (1 = off)")
+        real("presence_penalty", lambda v: -2 <= v <= 2, "it must be in [-2, 2]")
+        real("frequency_penalty", lambda v: -2 <= v <= 2, "it must be in [-2, 2]")
+        integer("seed", INT64_MIN, INT64_MAX, "it must be an integer in the int64 range", none_ok=True)
+        integer("max_tokens", 1, INT64_MAX, "it must be an integer >= 1, or None for up to the context length",
+                none_ok=True)
+        integer("min_tokens", 0, self.max_tokens if self.max_tokens is not None else INT64_MAX,
+                "it must be an integer >= 0 and <= max_tokens")
+        integer("logprobs", 0, INT64_MAX, "it must be an integer >= 0 (the number of top logprobs)", none_ok=True)
+        for name in ("ignore_eos", "skip_special_tokens", "include_stop_str_in_output"):
+            flag(name)
+        stop = self.stop
+        strings = [stop] if isinstance(stop, str) else stop
+        if strings is None:
+            strings = []
+        if not isinstance(strings, (list, tuple)) or not all(isinstance(s, str) and s for s in strings):
+            bad("stop", stop, "it must be a non-empty string or a list of non-empty strings")
+        if len(strings) > MAX_STOP_STRINGS:
+            bad("stop", stop, f"at most {MAX_STOP_STRINGS} stop strings")
+        self.stop_strings = list(strings)
+        ids = self.stop_token_ids if self.stop_token_ids is not None else []
+        if (not isinstance(ids, (list, tuple))
+                or not all(isinstance(t, numbers.Integral) and not isinstance(t, bool) for t in ids)):
+            bad("stop_token_ids", self.stop_token_ids, "it must be a list of token ids (integers)")
+        if len(ids) > MAX_STOP_TOKEN_IDS:
+            bad("stop_token_ids", self.stop_token_ids, f"at most {MAX_STOP_TOKEN_IDS} token ids")
+        self.stop_token_ids = [int(t) for t in ids]
 
     @property
     def greedy(self) -> bool:

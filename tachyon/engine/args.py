@@ -35,7 +35,8 @@ class EngineArgs:
     enforce_eager: bool = False
     num_scheduler_steps: int | None = None  # None: 3 with CUDA graphs, else 1
     enable_pdl: bool = True  # programmatic dependent launch where the GPU has it (sm_90+, Triton kernels)
-
+    max_n: int = 128  # the largest n (and best_of) one request may ask for
+    max_logprobs: int = 20  # the most top logprobs one request may ask for per token
 
     @classmethod
     def field_names(cls) -> set[str]:
@@ -47,6 +48,9 @@ class EngineArgs:
         from tachyon.worker.model_runner import ModelRunner
 
         t0 = time.perf_counter()
+        for name in ("max_n", "max_logprobs"):
+            if getattr(self, name) < (1 if name == "max_n" else 0):
+                raise ValueError(f"{name}={getattr(self, name)}: it must be >= {1 if name == 'max_n' else 0}")
         device = torch.device(("cuda" if torch.cuda.is_available() else "cpu") if self.device == "auto" else self.device)
         if self.load_format == "dummy" and self.model is not None and self.model.endswith(".json"):
             path = self.model  # a bare config.json: random weights made where the model runs
@@ -78,7 +82,7 @@ class EngineArgs:
                                           3 if device.type == "cuda" and backend == "triton"
                                           and not self.enforce_eager else 1))),
             device=device, dtype=dtype, attention_backend=backend, enforce_eager=self.enforce_eager, seed=self.seed,
-            enable_pdl=self.enable_pdl and backend == "triton",
+            enable_pdl=self.enable_pdl and backend == "triton", max_n=self.max_n, max_logprobs=self.max_logprobs,
         )
         tokenizer = load_tokenizer(self.tokenizer or (None if path.endswith(".json") else path))
         if self.load_format == "dummy" and path.endswith(".json"):

@@ -66,6 +66,10 @@ class AsyncEngine:
             self._thread.join(timeout=timeout)
             self._thread = None
 
+    def wake(self) -> None:
+        """Have the loop look at the engine now (after an abort from outside a stream, say)."""
+        self._wake.set()
+
     @property
     def is_running(self) -> bool:
         return self._thread is not None and self._thread.is_alive() and self.error is None

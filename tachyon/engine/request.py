@@ -19,6 +19,7 @@ class RequestStatus(enum.Enum):
     FINISHED_STOPPED = "stop"
     FINISHED_LENGTH = "length"
     FINISHED_ABORTED = "abort"
+    FINISHED_ERROR = "error"  # processing this request raised; it alone ends, the engine goes on
 
 
 @dataclass(eq=False)

@@ -133,30 +133,34 @@ class Scheduler:
             self.num_recomputed += 1
         self.waiting.appendleft(req)
 
-    def update(self, out: SchedulerOutput, sampled: dict[Request, int]) -> list[Request]:
+    def update(self, out: SchedulerOutput, sampled: dict[Request, int]
+               ) -> tuple[list[Request], list[tuple[Request, Exception]]]:
         """Advance computed-token counts, append sampled tokens, stop finished sequences. Returns those that
-        got a new token this step."""
+        got a new token this step, and those whose update raised (the engine fails them; the rest go on)."""
         now = time.monotonic()
-        got_token = []
+        got_token, failed = [], []
         for s in out.seqs:
             req = s.req
             req.num_computed_tokens += s.num_new_tokens
-            if req.is_finished:  # aborted while the step ran
+            if req.is_finished:  # aborted (or failed) while the step ran
                 continue
-            if req.num_computed_tokens >= (req.num_registered_blocks + 1) * self.kv.block_size:
-                self.kv.cache_computed_blocks(req)  # a block just filled up
-            if not s.sample:
-                continue
-            token = sampled[req]
-            req.append_token(token)
-            if req.metrics.first_token_time is None:
-                req.metrics.first_token_time = now
-            req.metrics.last_token_time = now
-            if req.pending_forks:
-                self._fork(req)
-            got_token.append(req)
-            self._check_token_stop(req, token)
-        return got_token
+            try:
+                if req.num_computed_tokens >= (req.num_registered_blocks + 1) * self.kv.block_size:
+                    self.kv.cache_computed_blocks(req)  # a block just filled up
+                if not s.sample:
+                    continue
+                token = sampled[req]
+                req.append_token(token)
+                if req.metrics.first_token_time is None:
+                    req.metrics.first_token_time = now
+                req.metrics.last_token_time = now
+                if req.pending_forks:
+                    self._fork(req)
+                got_token.append(req)
+                self._check_token_stop(req, token)
+            except Exception as e:
+                failed.append((req, e))
+        return got_token, failed
 
     def _check_token_stop(self, req: Request, token: int) -> None:
         sp = req.sampling_params

@@ -14,12 +14,42 @@ from tachyon import LLM, SamplingParams
     (dict(top_p=0.0), "top_p"), (dict(top_p=1.5), "top_p"), (dict(temperature=-0.1), "temperature"),
     (dict(top_k=-2), "top_k"), (dict(n=0), "n="), (dict(max_tokens=0), "max_tokens"),
     (dict(min_p=2.0), "min_p"), (dict(presence_penalty=3.0), "presence_penalty"),
-    (dict(repetition_penalty=0.0), "repetition_penalty"), (dict(logprobs=50), "logprobs"),
+    (dict(repetition_penalty=0.0), "repetition_penalty"), (dict(logprobs=-1), "logprobs"),
     (dict(stop=[""]), "stop"),
+    # types and sizes the sampler's tensors cannot hold: refused here, not raised inside a step
+    (dict(top_k=2**63), "top_k"), (dict(seed=2**64), "seed"), (dict(seed=-(2**63) - 1), "seed"),
+    (dict(temperature=float("inf")), "temperature"), (dict(top_p=float("nan")), "top_p"),
+    (dict(repetition_penalty=float("inf")), "repetition_penalty"), (dict(temperature=True), "temperature"),
+    (dict(n=True), "n"), (dict(max_tokens=2.5), "max_tokens"), (dict(min_tokens=-1), "min_tokens"),
+    (dict(ignore_eos="yes"), "ignore_eos"), (dict(stop=[1]), "stop"), (dict(stop_token_ids=[True]), "stop_token_ids"),
+    (dict(stop_token_ids="5"), "stop_token_ids"), (dict(stop=["x"] * 129), "stop"),
+    (dict(stop_token_ids=list(range(1025))), "stop_token_ids"),
 ])
 def test_out_of_range_sampling_values(kwargs, match):
-    with pytest.raises(ValueError, match=match):
+    with pytest.raises(ValueError, match=match) as e:
         SamplingParams(**kwargs)
+    assert e.value.param == match.rstrip("=")
+
+
+@pytest.mark.parametrize("kwargs, param, match", [
+    (dict(stop_token_ids=[10**9], min_tokens=2), "stop_token_ids", "outside the vocabulary"),
+    (dict(stop_token_ids=[-5]), "stop_token_ids", "outside the vocabulary"),
+    (dict(n=129), "n", "--max-n"),
+    (dict(logprobs=21), "logprobs", "--max-logprobs"),
+    (dict(max_tokens=10**6), "max_tokens", "exceeds the model's context"),
+])
+def test_engine_limits(llm, kwargs, param, match):
+    with pytest.raises(ValueError, match=match) as e:
+        llm.generate([[1, 2, 3]], SamplingParams(max_tokens=4, **kwargs) if "max_tokens" not in kwargs
+                     else SamplingParams(**kwargs))
+    assert e.value.param == param
+    assert not llm.engine.has_unfinished_requests()
+
+
+def test_prompt_ids_must_be_plain_ints(llm):
+    with pytest.raises(ValueError, match="outside the vocabulary") as e:
+        llm.engine.add_request("b", None, [1, True, 3], SamplingParams(max_tokens=1))
+    assert e.value.param == "prompt"
 
 
 def test_bad_requests_leave_running_ones_alone(llm):

@@ -1,0 +1,169 @@
+"""The second wall: when processing one request raises anyway, that request alone ends with finish_reason
+"error" (blocks freed) and everyone else's tokens are exactly what they would have been. Faults are injected
+into the real engine's sampler, runner, detokenizer and scheduler; only a device fault stops the engine."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from tachyon import LLM, SamplingParams
+from tests.conftest import hf_greedy, make_tiny_checkpoint
+
+POISON = 13  # the seed that marks the request a fault is injected for
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    path = tmp_path_factory.mktemp("tiny_wall")
+    hf = make_tiny_checkpoint("llama", str(path), seed=5)
+    return str(path), hf
+
+
+def _poisoned(reqs) -> bool:
+    return any(r.sampling_params.seed == POISON for r in reqs)
+
+
+def _run(llm, prompts, params) -> dict:
+    engine = llm.engine
+    for i, (p, sp) in enumerate(zip(prompts, params, strict=True)):
+        engine.add_request(f"r{i}", None, p, sp)
+    done = {}
+    for _ in range(500):
+        for o in engine.step():
+            if o.finished:
+                assert o.request_id not in done, "one final output per request"
+                done[o.request_id] = o
+        if not engine.has_unfinished_requests():
+            break
+    assert not engine.has_unfinished_requests()
+    engine.check_integrity()
+    assert engine.kv.num_free_blocks == engine.kv.num_blocks
+    return done
+
+
+PROMPTS = [[5, 17, 300, 41, 9], list(range(20, 53)), [7] * 19, list(range(100, 170))]
+
+
+@pytest.mark.parametrize("steps", [1, 4])  # ordinary steps, and decode runs queued ahead
+@pytest.mark.parametrize("where", ["sampler", "forward"])
+def test_a_request_that_breaks_its_batch_fails_alone(tiny, steps, where):
+    path, hf = tiny
+    llm = LLM(model=path, num_kv_blocks=120, block_size=8, swap_space=0, num_scheduler_steps=steps, dtype="float32")
+    runner = llm.engine.runner
+    if where == "sampler":
+        real = runner.sampler.sample_tokens
+
+        def sample_tokens(logits, reqs):
+            if _poisoned(reqs):
+                raise RuntimeError("injected sampler fault")
+            return real(logits, reqs)
+
+        runner.sampler.sample_tokens = sample_tokens
+    else:
+        real = runner.execute
+
+        def execute(sched):
+            if _poisoned([s.req for s in sched.seqs]):
+                raise IndexError("injected forward fault")
+            return real(sched)
+
+        runner.execute = execute
+        if steps > 1:  # a decode run calls the model itself: poison its construction for the marked batch
+            real_run = runner.start_decode_run
+
+            def start_decode_run(sched):
+                if _poisoned([s.req for s in sched.seqs]):
+                    raise IndexError("injected forward fault")
+                return real_run(sched)
+
+            runner.start_decode_run = start_decode_run
+    max_tokens = [6, 12, 9, 15]
+    params = [SamplingParams(temperature=0, max_tokens=m, ignore_eos=True) for m in max_tokens]
+    # the poisoned one joins after a few tokens (greedy: its seed changes nothing but the marker)
+    params[2] = SamplingParams(temperature=0, max_tokens=9, ignore_eos=True, seed=POISON)
+    done = _run(llm, PROMPTS, params)
+    bad = done["r2"]
+    assert bad.outputs[0].finish_reason == "error" and "injected" in bad.error
+    for i in (0, 1, 3):
+        out = done[f"r{i}"]
+        assert out.error is None and out.outputs[0].finish_reason == "length"
+        assert out.outputs[0].token_ids == hf_greedy(hf, PROMPTS[i], max_tokens[i])
+    assert llm.engine.num_failed_requests == 1
+    # the engine goes on: a new request after the failure runs normally
+    again = llm.generate([PROMPTS[0]], SamplingParams(temperature=0, max_tokens=4, ignore_eos=True))[0]
+    assert again.outputs[0].token_ids == hf_greedy(hf, PROMPTS[0], 4)
+
+
+def test_a_request_whose_text_raises_fails_alone(llm):
+    engine = llm.engine
+    ref = llm.generate(["Once upon a time", "The capital of France is"],
+                       SamplingParams(temperature=0, max_tokens=8, ignore_eos=True))
+    engine.add_request("ok", "Once upon a time", ref[0].prompt_token_ids,
+                       SamplingParams(temperature=0, max_tokens=8, ignore_eos=True))
+    engine.add_request("bad", "The capital of France is", ref[1].prompt_token_ids,
+                       SamplingParams(temperature=0, max_tokens=8, ignore_eos=True))
+
+    def broken(token_id):
+        raise UnicodeDecodeError("utf-8", b"\xff", 0, 1, "injected detokenizer fault")
+
+    engine.groups["bad"].seqs[0].detok.add_token = broken
+    done = {}
+    while engine.has_unfinished_requests():
+        done.update({o.request_id: o for o in engine.step() if o.finished})
+    assert done["bad"].outputs[0].finish_reason == "error" and "injected" in done["bad"].error
+    assert done["ok"].outputs[0].text == ref[0].outputs[0].text and done["ok"].error is None
+    engine.check_integrity()
+    assert engine.kv.num_free_blocks == engine.kv.num_blocks
+
+
+def test_a_fault_no_request_explains_fails_the_live_ones_and_the_engine_goes_on(llm):
+    engine = llm.engine
+    real = engine.scheduler.schedule
+    calls = {"n": 0}
+
+    def schedule():
+        calls["n"] += 1
+        if calls["n"] == 3:
+            raise AssertionError("injected scheduler fault")
+        return real()
+
+    engine.scheduler.schedule = schedule
+    try:
+        outs = llm.generate([[1, 2, 3], [4, 5, 6, 7]], SamplingParams(temperature=0, max_tokens=8, ignore_eos=True))
+    finally:
+        engine.scheduler.schedule = real
+    assert [o.outputs[0].finish_reason for o in outs] == ["error", "error"]
+    assert all("injected scheduler fault" in o.error for o in outs)
+    assert engine.kv.num_free_blocks == engine.kv.num_blocks
+    out = llm.generate([[1, 2, 3]], SamplingParams(temperature=0, max_tokens=4, ignore_eos=True))[0]
+    assert out.outputs[0].finish_reason == "length" and len(out.outputs[0].token_ids) == 4
+
+
+def test_a_device_fault_stops_the_engine_and_says_so(llm):
+    from tachyon.engine.async_engine import AsyncEngine, EngineDeadError
+
+    engine = llm.engine
+    real = engine.runner.execute
+    engine.runner.execute = lambda sched: (_ for _ in ()).throw(
+        RuntimeError("CUDA error: an illegal memory access was encountered"))
+    aengine = AsyncEngine(engine)
+    aengine.start()
+
+    async def main():
+        with pytest.raises(EngineDeadError, match="illegal memory access"):
+            async for _ in aengine.generate("dev", None, [1, 2, 3], SamplingParams(max_tokens=4)):
+                pass
+        with pytest.raises(EngineDeadError):
+            async for _ in aengine.generate("after", None, [1, 2, 3], SamplingParams(max_tokens=4)):
+                pass
+
+    try:
+        asyncio.run(main())
+        assert not aengine.is_running and "illegal memory access" in repr(aengine.error)
+    finally:
+        engine.runner.execute = real
+        aengine.shutdown(timeout=5)
+        engine.abort_request("dev")
+        engine.step()
