@@ -90,13 +90,13 @@ class LLMEngine:
         n = len(prompt_token_ids)
         if n == 0:
             raise InvalidRequestError("the prompt is empty: give at least one token of text", "prompt")
+        if n >= max_len:
+            raise InvalidRequestError(f"the prompt has {n} tokens; this model's context is {max_len} tokens "
+                                      f"(prompt + output): shorten the prompt", "prompt")
         vocab = cfg.model.vocab_size
         bad = [t for t in prompt_token_ids if type(t) is not int or not 0 <= t < vocab]
         if bad:
             raise InvalidRequestError(f"prompt token ids {bad[:5]} are outside the vocabulary [0, {vocab})", "prompt")
-        if n >= max_len:
-            raise InvalidRequestError(f"the prompt has {n} tokens; this model's context is {max_len} tokens "
-                                      f"(prompt + output): shorten the prompt", "prompt")
         if params.n > cfg.max_n:
             raise InvalidRequestError(f"n={params.n} is more than the {cfg.max_n} sequences a request may ask "
                                       f"for (--max-n)", "n")

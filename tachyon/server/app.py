@@ -211,8 +211,11 @@ def create_app(async_engine: AsyncEngine, model_name: str, api_key: str | Sequen
         if content_type and not _is_json(content_type):
             raise APIError(415, "the request body must be JSON: send the header 'Content-Type: application/json' "
                                 f"(got {content_type[:80]!r})")
+        body = await request.body()
         try:
-            return model.model_validate_json(await request.body())
+            if len(body) >= 1 << 20:  # a large body parses in a thread, so /health and the streams go on
+                return await asyncio.to_thread(model.model_validate_json, body)
+            return model.model_validate_json(body)
         except ValidationError as e:
             raise from_validation_error(e) from None
 

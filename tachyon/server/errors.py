@@ -51,7 +51,10 @@ def error_body(status: int, message: str, param: str | None = None) -> dict:
 
 def from_validation_error(e: ValidationError) -> APIError:
     """A pydantic error as a 400 naming the first offending field (`messages.0.role`)."""
-    err = e.errors(include_url=False)[0]
+    from tachyon.server.protocol import UNSUPPORTED
+
+    errors = e.errors(include_url=False)
+    err = errors[0]
     if err["type"] == "json_invalid":
         return APIError(400, f"the request body is not valid JSON: {err.get('ctx', {}).get('error', err['msg'])}")
     if err["type"] == "model_type" and not err["loc"]:
@@ -59,17 +62,28 @@ def from_validation_error(e: ValidationError) -> APIError:
     # Union members add their type to the location (`prompt.list[int].0`); keep the field path only.
     loc = [str(p) for p in err["loc"] if not re.fullmatch(r"(str|int|float|bool|list\[.*\]|dict\[.*\]|[A-Z]\w*)", str(p))]
     param = ".".join(loc) or None
+    if err["type"] == "extra_forbidden":
+        name = loc[-1] if loc else "?"
+        why = UNSUPPORTED.get(name, "this server does not know this field")
+        return APIError(400, f"{param}: {why}; remove it from the request (unsupported field)", param)
     value = err.get("input")
     shown = repr(value) if not isinstance(value, (dict, list)) or len(repr(value)) < 80 else type(value).__name__
+    if len(shown) > 200:
+        shown = shown[:200] + "..."
     return APIError(400, f"{param or 'body'}: {err['msg']} (got {shown})", param)
 
 
 _FIELD = re.compile(r"SamplingParams\.(\w+)=")
 
 
-def from_value_error(e: ValueError) -> APIError:
-    """SamplingParams and LLMEngine.validate raise ValueError with a clear message; name the field if we can."""
+def from_value_error(e: ValueError, names: dict[str, str] | None = None) -> APIError:
+    """An InvalidRequestError (SamplingParams, LLMEngine.validate) as a 400 naming its field; `names` maps the
+    engine's field names to the endpoint's (chat: logprobs -> top_logprobs)."""
     msg = str(e)
-    m = _FIELD.search(msg)
-    param = m.group(1) if m else ("max_tokens" if "max_tokens" in msg else ("prompt" if "prompt" in msg else None))
+    param = getattr(e, "param", None)
+    if param is None:
+        m = _FIELD.search(msg)
+        param = m.group(1) if m else None
+    if names and param in names:
+        param = names[param]
     return APIError(400, msg, param)

@@ -1,24 +1,68 @@
 """The OpenAI request bodies as pydantic models (strict: a string where a number belongs is a 400, not a cast).
 
 Only the request side is modelled; responses are plain dicts built in serving.py (they are hot on the
-streaming path and need no validation). Ranges are checked once, by SamplingParams, so the offline API and
-the server give the same messages.
+streaming path and need no validation). Ranges are checked once, by SamplingParams and LLMEngine.validate,
+so the offline API and the server give the same messages.
+
+Three rules about fields, as OpenAI's API has them:
+  * `null` means "not given": the field's default (`max_tokens: null` on completions is 16).
+  * A field nobody here knows is a 400 naming it (OpenAI: "Unrecognized request argument"), and so is a
+    known field whose meaning is not implemented (`response_format`, `tools`, `guided_json`, ...): a silent
+    200 would answer a different question than the one asked.
+  * Fields that change nothing about the answer (`user`, `metadata`, `store`, ...) are accepted and ignored.
 """
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+# Fields OpenAI or vLLM define whose meaning this server does not implement yet: the message a client gets.
+UNSUPPORTED = {
+    **{k: "structured outputs are not supported yet" for k in (
+        "guided_json", "guided_regex", "guided_choice", "guided_grammar", "guided_decoding_backend",
+        "guided_whitespace_pattern", "structured_outputs", "json_schema")},
+    "functions": "function calling is not supported yet",
+    "function_call": "function calling is not supported yet",
+    "prompt_logprobs": "prompt logprobs are not supported",
+    "logits_processors": "logits processors are not supported",
+    "allowed_token_ids": "allowed_token_ids is not supported",
+    "bad_words": "bad_words is not supported",
+    "use_beam_search": "beam search is not supported",
+    "length_penalty": "length_penalty (beam search) is not supported",
+    "truncate_prompt_tokens": "truncate_prompt_tokens is not supported: shorten the prompt",
+    "audio": "audio output is not supported",
+    "prediction": "predicted outputs are not supported",
+    "web_search_options": "web search is not supported",
+    "reasoning_effort": "reasoning_effort is not supported by this model server",
+    "chat_template": "a request-supplied chat template is not supported",
+    "chat_template_kwargs": "chat_template_kwargs is not supported",
+    "continue_final_message": "continue_final_message is not supported",
+    "documents": "documents are not supported",
+    "mm_processor_kwargs": "multimodal inputs are not supported",
+    "priority": "request priorities are not supported",
+    "return_tokens_as_token_ids": "return_tokens_as_token_ids is not supported",
+    "spaces_between_special_tokens": "spaces_between_special_tokens is not supported",
+    "lora_request": "LoRA adapters are not supported",
+}
 
 
 class _Strict(BaseModel):
-    # Unknown fields are ignored, as OpenAI's clients send some we do not use (and users send vendor extras).
-    model_config = ConfigDict(strict=True, extra="ignore", allow_inf_nan=False)
+    model_config = ConfigDict(strict=True, extra="forbid", allow_inf_nan=False)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _null_means_default(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            fields = cls.model_fields
+            return {k: v for k, v in data.items() if not (v is None and k in fields and not fields[k].is_required())}
+        return data
 
 
 class StreamOptions(_Strict):
     include_usage: bool = False
+    continuous_usage_stats: bool = False
 
 
 class _SamplingFields(_Strict):
@@ -40,19 +84,26 @@ class _SamplingFields(_Strict):
     min_tokens: int = 0
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
-    user: str | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
     best_of: int | None = None
     logit_bias: dict[str, float] | None = None
+    response_format: dict[str, Any] | None = None  # only {"type": "text"} (the default) is served
+    # accepted and ignored: they change nothing about the answer
+    user: str | None = None
+    metadata: dict[str, str] | None = None
+    store: bool | None = None
+    service_tier: str | None = None
+    request_id: str | None = None
 
 
 class CompletionRequest(_SamplingFields):
     prompt: str | list[str] | list[int] | list[list[int]]
-    max_tokens: int | None = 16  # OpenAI's default for /v1/completions
+    max_tokens: int = 16  # OpenAI's default for /v1/completions
     logprobs: int | None = None
     echo: bool = False
     suffix: str | None = None
+    add_special_tokens: bool = True  # vLLM's: the tokenizer's BOS before the text
 
 
 class TextPart(_Strict):
@@ -73,3 +124,9 @@ class ChatCompletionRequest(_SamplingFields):
     logprobs: bool = False
     top_logprobs: int | None = None
     add_generation_prompt: bool = True
+    tools: list[dict[str, Any]] | None = None  # served only with tool_choice "none"
+    tool_choice: str | dict[str, Any] | None = None
+    parallel_tool_calls: bool | None = None
+    modalities: list[str] | None = None  # only ["text"]
+    prompt_cache_key: str | None = None
+    safety_identifier: str | None = None

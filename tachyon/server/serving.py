@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import math
 import time
@@ -31,6 +32,7 @@ from tachyon.server.errors import APIError, error_body, from_value_error
 from tachyon.server.protocol import ChatCompletionRequest, CompletionRequest
 
 Prompt = tuple[str | None, list[int]]  # (text if the client sent text, token ids)
+_OFF_LOOP_CHARS = 16_384  # prompts this long are tokenized (chat-templated) in a worker thread
 
 
 def _dumps(obj) -> str:
@@ -84,7 +86,9 @@ class _Job:
     include_usage: bool
     logprobs: int | None  # top-N per token (chat: top_logprobs), None = no logprobs
     echo: bool = False
+    names: dict[str, str] | None = None  # engine field names -> this endpoint's (for error params)
     choices: list[_Choice] = field(default_factory=list)
+    timed_out: bool = False
 
 
 class OpenAIServing:
@@ -114,11 +118,17 @@ class OpenAIServing:
         for request_id in list(self.engine.groups):
             self.engine.abort_request(request_id)  # the loop is stepping while requests are live: no wake
 
-    def _sampling_params(self, req, max_tokens: int | None, logprobs: int | None) -> SamplingParams:
+    def _sampling_params(self, req, max_tokens: int | None, logprobs: int | None,
+                         names: dict[str, str] | None = None) -> SamplingParams:
         if req.best_of is not None and req.best_of != req.n:
             raise APIError(400, "best_of other than n is not supported", "best_of")
         if req.logit_bias:
             raise APIError(400, "logit_bias is not supported", "logit_bias")
+        if req.response_format is not None and req.response_format != {"type": "text"}:
+            raise APIError(400, "response_format other than {\"type\": \"text\"} is not supported yet "
+                                "(structured outputs)", "response_format")
+        if req.stream_options is not None and not req.stream:
+            raise APIError(400, "stream_options is only allowed when stream is true", "stream_options")
         try:
             return SamplingParams(
                 n=req.n, temperature=req.temperature, top_p=req.top_p, top_k=req.top_k, min_p=req.min_p,
@@ -128,14 +138,24 @@ class OpenAIServing:
                 min_tokens=req.min_tokens, logprobs=logprobs, skip_special_tokens=req.skip_special_tokens,
                 include_stop_str_in_output=req.include_stop_str_in_output)
         except ValueError as e:
-            raise from_value_error(e) from None
+            raise from_value_error(e, names) from None
 
-    def _encode(self, text: str) -> list[int]:
+    def _encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         if self.tokenizer is None:
             raise APIError(400, "this model has no tokenizer: send the prompt as a list of token ids", "prompt")
-        return self.tokenizer.encode(text, add_special_tokens=True)
+        if len(text) > self._max_prompt_chars:  # surely over the context: refuse it without tokenizing it
+            raise APIError(400, f"the prompt has {len(text)} characters, more than this model's context of "
+                                f"{self.engine.config.scheduler.max_model_len} tokens can hold: shorten the prompt",
+                           "prompt")
+        return self.tokenizer.encode(text, add_special_tokens=add_special_tokens)
 
-    def _admit(self, prompts: list[Prompt], params: SamplingParams) -> None:
+    @functools.cached_property
+    def _max_prompt_chars(self) -> int:
+        """No prompt longer than this fits: no token of the vocabulary spells more than the longest one."""
+        longest = max((len(t) for t in self.tokenizer.get_vocab()), default=1)
+        return self.engine.config.scheduler.max_model_len * max(longest, 1)
+
+    def _admit(self, prompts: list[Prompt], params: SamplingParams, names: dict[str, str] | None = None) -> None:
         """Queue limit (429) and context/KV checks (400) for every prompt, before any of them starts."""
         self.check_alive()
         limit = self.async_engine.max_queued_requests
@@ -148,7 +168,7 @@ class OpenAIServing:
             try:
                 self.engine.validate(ids, params)
             except ValueError as e:
-                raise from_value_error(e) from None
+                raise from_value_error(e, names) from None
 
     # -- endpoints -------------------------------------------------------------------------------------
     async def completions(self, req: CompletionRequest, http: HTTPRequest) -> Response:
@@ -159,35 +179,62 @@ class OpenAIServing:
             raise APIError(400, "echo with logprobs is not supported (no prompt logprobs)", "echo")
         params = self._sampling_params(req, req.max_tokens, req.logprobs)
         p = req.prompt
+        texts = [p] if isinstance(p, str) else [x for x in p if isinstance(x, str)]
+        if sum(len(t) for t in texts) >= _OFF_LOOP_CHARS:  # a long text tokenizes in a thread: /health answers
+            prompts = await asyncio.to_thread(self._completion_prompts, req)
+        else:
+            prompts = self._completion_prompts(req)
+        job = _Job("completion", f"cmpl-{uuid.uuid4().hex}", int(time.time()), prompts, params, req.stream,
+                   bool(req.stream_options and req.stream_options.include_usage), req.logprobs, req.echo)
+        return await self._run(job, http)
+
+    def _completion_prompts(self, req: CompletionRequest) -> list[Prompt]:
+        p = req.prompt
         if isinstance(p, str):
-            prompts = [(p, self._encode(p))]
+            prompts = [(p, self._encode(p, req.add_special_tokens))]
         elif p and all(isinstance(x, str) for x in p):
-            prompts = [(s, self._encode(s)) for s in p]
+            prompts = [(s, self._encode(s, req.add_special_tokens)) for s in p]
         elif p and all(isinstance(x, list) for x in p):
             prompts = [(None, list(ids)) for ids in p]
         else:
             prompts = [(None, list(p))]
         if not prompts or any(not ids for _, ids in prompts):
             raise APIError(400, "the prompt is empty: give at least one token of text", "prompt")
-        job = _Job("completion", f"cmpl-{uuid.uuid4().hex}", int(time.time()), prompts, params, req.stream,
-                   bool(req.stream_options and req.stream_options.include_usage), req.logprobs, req.echo)
-        return await self._run(job, http)
+        return prompts
 
     async def chat(self, req: ChatCompletionRequest, http: HTTPRequest) -> Response:
         self.check_model(req.model)
+        self._check_chat_fields(req)
+        max_logprobs = self.engine.config.max_logprobs
         if req.top_logprobs is not None:
             if not req.logprobs:
                 raise APIError(400, "top_logprobs needs logprobs: true", "top_logprobs")
-            if not 0 <= req.top_logprobs <= 20:
-                raise APIError(400, f"top_logprobs={req.top_logprobs} is out of range: it must be in [0, 20]",
-                               "top_logprobs")
+            if not 0 <= req.top_logprobs <= max_logprobs:
+                raise APIError(400, f"top_logprobs={req.top_logprobs} is out of range: it must be in "
+                                    f"[0, {max_logprobs}] (--max-logprobs)", "top_logprobs")
         logprobs = (req.top_logprobs or 0) if req.logprobs else None
+        max_name = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
         max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
-        params = self._sampling_params(req, max_tokens, logprobs)
-        ids = self._apply_chat_template(req)
+        names = {"logprobs": "top_logprobs", "max_tokens": max_name, "prompt": "messages"}
+        params = self._sampling_params(req, max_tokens, logprobs, names)
+        if sum(len(m.content) if isinstance(m.content, str) else sum(len(p.text) for p in m.content or ())
+               for m in req.messages) >= _OFF_LOOP_CHARS:
+            ids = await asyncio.to_thread(self._apply_chat_template, req)
+        else:
+            ids = self._apply_chat_template(req)
         job = _Job("chat", f"chatcmpl-{uuid.uuid4().hex}", int(time.time()), [(None, ids)], params, req.stream,
-                   bool(req.stream_options and req.stream_options.include_usage), logprobs)
+                   bool(req.stream_options and req.stream_options.include_usage), logprobs, names=names)
         return await self._run(job, http)
+
+    @staticmethod
+    def _check_chat_fields(req: ChatCompletionRequest) -> None:
+        if req.tools and req.tool_choice != "none":
+            raise APIError(400, "tool calling is not supported yet: send tools only with tool_choice \"none\"",
+                           "tool_choice" if req.tool_choice is not None else "tools")
+        if req.tool_choice not in (None, "none"):
+            raise APIError(400, "tool calling is not supported yet: tool_choice must be \"none\"", "tool_choice")
+        if req.modalities is not None and req.modalities != ["text"]:
+            raise APIError(400, "only the text modality is supported", "modalities")
 
     def _apply_chat_template(self, req: ChatCompletionRequest) -> list[int]:
         if self.tokenizer is None or not getattr(self.tokenizer, "chat_template", None):
@@ -200,6 +247,10 @@ class OpenAIServing:
             if m.name is not None:
                 msg["name"] = m.name
             messages.append(msg)
+        if sum(len(m["content"]) for m in messages) > self._max_prompt_chars:
+            raise APIError(400, f"the messages are longer than this model's context of "
+                                f"{self.engine.config.scheduler.max_model_len} tokens can hold: shorten them",
+                           "messages")
         try:
             return encode_chat(self.tokenizer, messages, req.add_generation_prompt)
         except Exception as e:  # jinja raises on conversations the template rejects
@@ -213,14 +264,40 @@ class OpenAIServing:
             if longest < self.engine.config.scheduler.max_model_len and 0 < room < (
                     self.engine.config.scheduler.max_model_len - longest):
                 job.params.max_tokens = room
-        self._admit(job.prompts, job.params)
+        self._admit(job.prompts, job.params, job.names)
         job.choices = [_Choice() for _ in range(len(job.prompts) * job.params.n)]
         streams = await self._start(job)
         merged = streams[0] if len(streams) == 1 else _merge(streams)
+        if self.request_timeout is not None:
+            merged = self._deadline(job, merged, self.request_timeout)
         if job.stream:
             return SSEResponse(self._sse(job, merged), media_type="text/event-stream",
                                headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
         return await self._full(job, merged, http)
+
+    def _rids(self, job: _Job) -> list[str]:
+        return [job.request_id] if len(job.prompts) == 1 else [f"{job.request_id}-{i}" for i in range(len(job.prompts))]
+
+    async def _deadline(self, job: _Job, stream, seconds: float):
+        """--request-timeout: past it, the job's engine requests are aborted (their outputs still come, with
+        finish_reason "abort") and the response says the request timed out."""
+        def expire():
+            job.timed_out = True
+            for rid in self._rids(job):
+                self.engine.abort_request(rid)
+            self.async_engine.wake()
+
+        timer = asyncio.get_running_loop().call_later(seconds, expire)
+        try:
+            async for item in stream:
+                yield item
+        finally:
+            timer.cancel()
+            await stream.aclose()
+
+    def _timeout_error(self) -> APIError:
+        return APIError(504, f"the request did not finish within {self.request_timeout:g} s (--request-timeout); "
+                             f"ask for fewer tokens or retry later")
 
     async def _start(self, job: _Job) -> list[AsyncIterator[tuple[int, RequestOutput]]]:
         """Add every engine request of the job now, so a full queue is a 429 before the response starts.
@@ -228,7 +305,7 @@ class OpenAIServing:
         AsyncEngine.generate checks the queue and adds the request in its first step, then waits for output;
         a task per request runs that first step while we yield to the loop once.
         """
-        rids = [job.request_id] if len(job.prompts) == 1 else [f"{job.request_id}-{i}" for i in range(len(job.prompts))]
+        rids = self._rids(job)
         started = []
         for rid, (text, ids) in zip(rids, job.prompts, strict=True):
             gen = self.async_engine.generate(rid, text, ids, job.params, stream=job.stream)
@@ -244,7 +321,7 @@ class OpenAIServing:
             if isinstance(e, EngineDeadError):
                 raise APIError(503, str(e))
             if isinstance(e, ValueError):
-                raise from_value_error(e)
+                raise from_value_error(e, job.names)
             raise e
         return [_outputs(i, gen, first) for i, (gen, first) in enumerate(started)]
 
@@ -274,7 +351,12 @@ class OpenAIServing:
         except EngineDeadError as e:
             raise APIError(503, str(e)) from None
         except ValueError as e:
-            raise from_value_error(e) from None
+            raise from_value_error(e, job.names) from None
+        failed = next((out.error for out in final if out is not None and out.error is not None), None)
+        if failed is not None:
+            raise APIError(500, f"generation failed inside the engine: {failed}")
+        if job.timed_out:
+            raise self._timeout_error()
         return JSONResponse(self._response_body(job, final))
 
     # -- response bodies ---------------------------------------------------------------------------------
@@ -312,18 +394,24 @@ class OpenAIServing:
         final: list[RequestOutput | None] = [None] * len(job.prompts)
         try:
             async for p, out in stream:
+                if out.error is not None:  # this request failed in the engine; the others of the job are aborted
+                    yield _sse(error_body(500, f"generation failed inside the engine: {out.error}"))
+                    break
                 final[p] = out
                 choices = [ch for c in out.outputs if (ch := self._delta(job, p * n + c.index, p, c)) is not None]
                 if choices:
                     yield _sse({**head, "choices": choices})
-            if job.include_usage:
-                yield _sse({**head, "choices": [], "usage": self._usage(job, final)})
+            else:
+                if job.timed_out:
+                    yield _sse(self._timeout_error().body())
+                elif job.include_usage:
+                    yield _sse({**head, "choices": [], "usage": self._usage(job, final)})
         except QueueFullError as e:
             yield _sse(error_body(429, str(e)))
         except EngineDeadError as e:
             yield _sse(error_body(503, str(e)))
         except ValueError as e:
-            yield _sse(from_value_error(e).body())
+            yield _sse(from_value_error(e, job.names).body())
         finally:
             await stream.aclose()  # a client that went away: abort its requests now, not at GC time
         yield "data: [DONE]\n\n"
