@@ -167,3 +167,26 @@ def test_a_device_fault_stops_the_engine_and_says_so(llm):
         aengine.shutdown(timeout=5)
         engine.abort_request("dev")
         engine.step()
+
+
+def test_an_abort_lands_within_one_step_of_a_long_prefill(tiny):
+    """A prompt that needs many chunks: aborted after its first chunk, the next step ends it and frees
+    every block, and the request beside it is untouched."""
+    path, hf = tiny
+    llm = LLM(model=path, num_kv_blocks=120, block_size=8, swap_space=0, max_num_batched_tokens=32, dtype="float32")
+    engine = llm.engine
+    long_prompt = [(7 * i) % 400 + 10 for i in range(200)]  # 7 chunks of 32
+    engine.add_request("long", None, long_prompt, SamplingParams(temperature=0, max_tokens=5))
+    engine.add_request("short", None, PROMPTS[0], SamplingParams(temperature=0, max_tokens=6, ignore_eos=True))
+    engine.step()
+    long_req = engine.groups["long"].seqs[0]
+    assert 0 < long_req.num_computed_tokens < len(long_prompt)  # mid-prefill
+    engine.abort_request("long")
+    outs = engine.step()
+    assert [o.outputs[0].finish_reason for o in outs if o.request_id == "long"] == ["abort"]
+    assert "long" not in engine.groups and not long_req.block_ids
+    done = {}
+    while engine.has_unfinished_requests():
+        done.update({o.request_id: o for o in engine.step() if o.finished})
+    assert done["short"].outputs[0].token_ids == hf_greedy(hf, PROMPTS[0], 6)
+    assert engine.kv.num_free_blocks == engine.kv.num_blocks
