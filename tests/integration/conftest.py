@@ -40,6 +40,10 @@ class LiveServer:
 def _bound_socket() -> socket.socket:
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    # accepted connections inherit it: uvicorn given a ready socket writes a response's headers and body
+    # separately, and without it Nagle holds the body ~40 ms for the client's delayed ACK (what
+    # `tachyon serve --port` gets from asyncio's create_server anyway)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     sock.bind(("127.0.0.1", 0))
     return sock
 

@@ -22,8 +22,8 @@ from tests.integration.test_server import MESSAGES, MODEL, post, wait_idle
 
 @pytest.fixture(scope="module")
 def http(server):
-    with httpx.Client(base_url=server.url, headers=server.headers(), timeout=120) as client:
-        yield client
+    with httpx.Client(base_url=server.url, headers=server.headers(), timeout=120) as c:
+        yield c
 
 
 def test_every_field_and_malformed_bodies(server, http):
