@@ -7,6 +7,7 @@ queue limit of one, for the 429 and SIGTERM tests.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -62,27 +63,36 @@ def _wait_healthy(url: str, timeout: float, process: subprocess.Popen | None = N
     raise TimeoutError(f"{url} not healthy after {timeout}s")
 
 
+@contextlib.contextmanager
+def serve_in_thread(app):
+    """The app under uvicorn in a thread of this process, on a free port; yields its URL once healthy."""
+    import uvicorn
+
+    sock = _bound_socket()
+    url = f"http://127.0.0.1:{sock.getsockname()[1]}"
+    uv = uvicorn.Server(uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=5))
+    thread = threading.Thread(target=uv.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    try:
+        _wait_healthy(url, 60)
+        yield url
+    finally:
+        uv.should_exit = True
+        thread.join(timeout=30)
+        sock.close()
+
+
 @pytest.fixture(scope="session")
 def server():
     pytest.importorskip("fastapi")
-    import uvicorn
-
     from tachyon.engine.args import EngineArgs
     from tachyon.engine.async_engine import AsyncEngine
     from tachyon.server.app import create_app
 
     engine = EngineArgs(kv_cache_memory_gib=0.25, swap_space=0).create_engine()
     app = create_app(AsyncEngine(engine), MODEL, api_key=API_KEY)
-    sock = _bound_socket()
-    url = f"http://127.0.0.1:{sock.getsockname()[1]}"
-    uv = uvicorn.Server(uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=5))
-    thread = threading.Thread(target=uv.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    _wait_healthy(url, 60)
-    yield LiveServer(url, app)
-    uv.should_exit = True
-    thread.join(timeout=30)
-    sock.close()
+    with serve_in_thread(app) as url:
+        yield LiveServer(url, app)
 
 
 @pytest.fixture(scope="module")

@@ -16,7 +16,16 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tachyon.bench.hostile import BASE, CHAT, COMPLETIONS, SHARED_FIELDS, Case, all_cases, judge, normal_request
+from tachyon.bench.hostile import (
+    BASE,
+    CHAT,
+    COMPLETIONS,
+    SHARED_FIELDS,
+    Case,
+    all_cases,
+    judge,
+    normal_request,
+)
 from tests.integration.test_server import MESSAGES, MODEL, post, wait_idle
 
 

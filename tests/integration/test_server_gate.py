@@ -13,14 +13,13 @@ import json
 import logging
 import re
 import socket
-import threading
 import time
 
 import httpx
 import pytest
 
 pytest.importorskip("fastapi")
-from tests.integration.conftest import API_KEY, MODEL, LiveServer, _bound_socket, _wait_healthy  # noqa: E402
+from tests.integration.conftest import API_KEY, MODEL, LiveServer, serve_in_thread  # noqa: E402
 
 KEYS = ("key-one", "key-two")
 LIMIT = 4096
@@ -34,8 +33,6 @@ class GatedServer(LiveServer):
 
 @pytest.fixture(scope="module")
 def gated():
-    import uvicorn
-
     from tachyon.engine.args import EngineArgs
     from tachyon.engine.async_engine import AsyncEngine
     from tachyon.server.app import create_app
@@ -43,16 +40,8 @@ def gated():
     engine = EngineArgs(kv_cache_memory_gib=0.1, swap_space=0).create_engine()
     app = create_app(AsyncEngine(engine), MODEL, api_key=list(KEYS), max_request_body_bytes=LIMIT,
                      metrics_require_api_key=True)
-    sock = _bound_socket()
-    url = f"http://127.0.0.1:{sock.getsockname()[1]}"
-    uv = uvicorn.Server(uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=5))
-    thread = threading.Thread(target=uv.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    _wait_healthy(url, 60)
-    yield GatedServer(url, app)
-    uv.should_exit = True
-    thread.join(timeout=30)
-    sock.close()
+    with serve_in_thread(app) as url:
+        yield GatedServer(url, app)
 
 
 @pytest.fixture

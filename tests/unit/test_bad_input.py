@@ -6,6 +6,8 @@ import json
 import os
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from tachyon import LLM, SamplingParams
 
@@ -121,3 +123,39 @@ def test_malformed_gguf(tmp_path):
 def test_unknown_engine_argument():
     with pytest.raises(TypeError, match="unknown arguments"):
         LLM(modle="x")
+
+
+def _mostly(valid, *invalid):
+    """Valid values nine times in ten, so most examples get past validation and run."""
+    return st.one_of(*[valid] * 9, st.sampled_from(invalid))
+
+
+_FIELDS = {
+    "n": _mostly(st.integers(1, 2), 0, 129, 2**63), "temperature": _mostly(st.floats(0, 2), -1.0, float("inf")),
+    "top_p": _mostly(st.floats(0.01, 1), 0.0, 1.5, float("nan")),
+    "top_k": _mostly(st.integers(-1, 60_000), 2**63, 10**30, -5), "min_p": _mostly(st.floats(0, 1), 2.0),
+    "repetition_penalty": _mostly(st.floats(0.5, 2), 0.0, float("inf")),
+    "presence_penalty": _mostly(st.floats(-2, 2), 3.0), "frequency_penalty": _mostly(st.floats(-2, 2), float("nan")),
+    "seed": _mostly(st.integers(-(2**63), 2**63 - 1), 2**63, 2**64),
+    "stop": _mostly(st.lists(st.text(min_size=1, max_size=3), max_size=3), [""], 5),
+    "stop_token_ids": st.lists(st.integers(0, 49_151) | st.sampled_from([49_152, 2**31, 2**63, -1]), max_size=3),
+    "min_tokens": _mostly(st.integers(0, 3), -1, 4), "logprobs": _mostly(st.integers(0, 20), 21, -1),
+    "ignore_eos": st.booleans(), "skip_special_tokens": st.booleans(), "include_stop_str_in_output": st.booleans(),
+}
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=list(HealthCheck))
+@given(kwargs=st.fixed_dictionaries({}, optional=_FIELDS),
+       prompt=st.lists(st.integers(0, 49_151), min_size=1, max_size=8))
+def test_whatever_passes_validation_runs_without_error(llm, kwargs, prompt):
+    """The first wall is whole: parameters are refused with their field named, or the request runs to a normal
+    finish (never finish_reason "error", which would mean the second wall had to catch it)."""
+    try:
+        sp = SamplingParams(max_tokens=3, **kwargs)
+        llm.engine.validate(prompt, sp)
+    except ValueError as e:
+        assert e.param, e
+        return
+    out = llm.generate([prompt], sp)[0]
+    assert out.error is None and all(c.finish_reason in ("stop", "length") for c in out.outputs), out
+    assert llm.engine.kv.num_free_blocks == llm.engine.kv.num_blocks
