@@ -98,9 +98,10 @@ class CudaGraphs:
         return [bs for bs, ms in self.replay_ms.items() if ms["pdl"] < ms["plain"]]
 
     def _time_replay(self, g: torch.cuda.CUDAGraph, bs: int) -> float:
-        """Median replay time in ms, every row a 256-token context (reads only: slot -1 writes nothing)."""
-        nb = -(-256 // self.runner.block_size)
-        self.seq_lens[:bs] = 256
+        """Median replay time in ms, every row a 256-token context, or the longest the block table holds
+        (a small --max-model-len); reads only: slot -1 writes nothing."""
+        nb = min(-(-256 // self.runner.block_size), self.block_tables.shape[1])
+        self.seq_lens[:bs] = min(256, nb * self.runner.block_size)
         self.block_tables[:bs, :nb] = torch.arange(bs * nb, device=self.block_tables.device,
                                                    dtype=torch.int32).view(bs, nb) % max(self.runner.num_blocks, 1)
         return median_replay_ms(g)
