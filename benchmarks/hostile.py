@@ -27,7 +27,7 @@ import httpx
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from tachyon.bench.hostile import BASE, CHAT, COMPLETIONS, SHARED_FIELDS, Case, all_cases, judge  # noqa: E402
+from tachyon.bench.hostile import COMPLETIONS, Case, all_cases, fuzz_cases, judge  # noqa: E402
 
 KEY = "bench-key"
 
@@ -94,24 +94,13 @@ def leave_mid_body(port: int) -> None:
 
 def fuzz_bodies(n: int) -> list[Case]:
     from hypothesis import HealthCheck, given, settings
-    from hypothesis import strategies as st
 
-    leaf = (st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False, allow_infinity=False)
-            | st.text(max_size=12))
-    value = st.recursive(leaf, lambda i: st.lists(i, max_size=3) | st.dictionaries(st.text(max_size=6), i, max_size=3),
-                         max_leaves=6)
     out: list[Case] = []
 
     @settings(max_examples=n, deadline=None, suppress_health_check=list(HealthCheck), database=None)
-    @given(endpoint=st.sampled_from([COMPLETIONS, CHAT]),
-           extra=st.fixed_dictionaries({}, optional={k: value for k in SHARED_FIELDS if k != "max_tokens"}),
-           prompt=st.one_of(st.text(min_size=1, max_size=40), st.lists(st.integers(-3, 60_000), min_size=1,
-                                                                       max_size=16), value))
-    def collect(endpoint, extra, prompt):
-        body = {**BASE[endpoint], **extra}
-        body["prompt" if endpoint == COMPLETIONS else "messages"] = (
-            prompt if endpoint == COMPLETIONS else [{"role": "user", "content": prompt}])
-        out.append(Case("fuzz", endpoint, json.dumps(body).encode(), allowed=frozenset({200, 400, 404})))
+    @given(case=fuzz_cases())
+    def collect(case):
+        out.append(case)
 
     collect()
     return out

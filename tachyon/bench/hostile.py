@@ -131,6 +131,28 @@ def all_cases(quick: bool = False) -> list[Case]:
     return fields + body_cases()
 
 
+def fuzz_cases():
+    """A hypothesis strategy of Cases: either endpoint, random JSON in the shared fields, a random prompt.
+    (hypothesis is a dev dependency: imported here, when fuzzing.)"""
+    from hypothesis import strategies as st
+
+    leaf = (st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False, allow_infinity=False)
+            | st.text(max_size=12))
+    value = st.recursive(leaf, lambda i: st.lists(i, max_size=3) | st.dictionaries(st.text(max_size=6), i, max_size=3),
+                         max_leaves=6)
+    prompt = st.one_of(st.text(min_size=1, max_size=40), st.lists(st.integers(-3, 60_000), min_size=1, max_size=16),
+                       value)
+
+    def case(endpoint, extra, p):
+        body = {**BASE[endpoint], **extra}
+        body["prompt" if endpoint == COMPLETIONS else "messages"] = (
+            p if endpoint == COMPLETIONS else [{"role": "user", "content": p}])
+        return Case("fuzz", endpoint, json.dumps(body).encode(), allowed=frozenset({200, 400, 404}))
+
+    extra = st.fixed_dictionaries({}, optional={k: value for k in SHARED_FIELDS if k != "max_tokens"})
+    return st.builds(case, st.sampled_from([COMPLETIONS, CHAT]), extra, prompt)
+
+
 def judge(case: Case, r: httpx.Response) -> str:
     """The outcome class of one answer: 'ok 200', 'ok 4xx', or a defect ('5xx', 'bad status', ...)."""
     if r.status_code >= 500:

@@ -48,9 +48,10 @@ class EngineArgs:
         from tachyon.worker.model_runner import ModelRunner
 
         t0 = time.perf_counter()
-        for name in ("max_n", "max_logprobs"):
-            if getattr(self, name) < (1 if name == "max_n" else 0):
-                raise ValueError(f"{name}={getattr(self, name)}: it must be >= {1 if name == 'max_n' else 0}")
+        if self.max_n < 1:
+            raise ValueError(f"max_n={self.max_n}: it must be >= 1")
+        if self.max_logprobs < 0:
+            raise ValueError(f"max_logprobs={self.max_logprobs}: it must be >= 0")
         device = torch.device(("cuda" if torch.cuda.is_available() else "cpu") if self.device == "auto" else self.device)
         if self.load_format == "dummy" and self.model is not None and self.model.endswith(".json"):
             path = self.model  # a bare config.json: random weights made where the model runs

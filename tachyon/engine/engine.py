@@ -56,7 +56,6 @@ class _Group:
     metrics: RequestMetrics
     sampling_params: SamplingParams
     stream: bool = True  # an output every step it gets a token; else only when it finishes
-    error: str | None = None  # set when processing it raised (it then ends with finish_reason "error")
 
 
 class LLMEngine:
@@ -268,11 +267,11 @@ class LLMEngine:
         if g is None:
             return []
         self.num_failed_requests += 1
-        g.error = f"{type(e).__name__}: {e}"
-        logger.warning("request %s failed and was ended: %s", request_id, g.error)
+        error = f"{type(e).__name__}: {e}"
+        logger.warning("request %s failed and was ended: %s", request_id, error)
         for s in g.seqs:
             self.scheduler.finish(s, RequestStatus.FINISHED_ERROR)
-        comps = []
+        comps = []  # not _make_output: what raised may be the detokenizer it reads
         for s in g.seqs:
             try:
                 text = s.detok.safe_text(True)
@@ -282,7 +281,7 @@ class LLMEngine:
                                           finish_reason=s.status.value))
         g.metrics.finished_time = time.monotonic()
         return [RequestOutput(request_id=g.request_id, prompt=g.prompt, prompt_token_ids=g.prompt_token_ids,
-                              outputs=comps, finished=True, metrics=g.metrics, error=g.error)]
+                              outputs=comps, finished=True, metrics=g.metrics, error=error)]
 
     def _fail_all(self, e: Exception) -> list[RequestOutput]:
         self._run = None

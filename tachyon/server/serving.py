@@ -217,8 +217,7 @@ class OpenAIServing:
         max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
         names = {"logprobs": "top_logprobs", "max_tokens": max_name, "prompt": "messages"}
         params = self._sampling_params(req, max_tokens, logprobs, names)
-        if sum(len(m.content) if isinstance(m.content, str) else sum(len(p.text) for p in m.content or ())
-               for m in req.messages) >= _OFF_LOOP_CHARS:
+        if _chat_chars(req) >= _OFF_LOOP_CHARS:
             ids = await asyncio.to_thread(self._apply_chat_template, req)
         else:
             ids = self._apply_chat_template(req)
@@ -247,7 +246,7 @@ class OpenAIServing:
             if m.name is not None:
                 msg["name"] = m.name
             messages.append(msg)
-        if sum(len(m["content"]) for m in messages) > self._max_prompt_chars:
+        if _chat_chars(req) > self._max_prompt_chars:
             raise APIError(400, f"the messages are longer than this model's context of "
                                 f"{self.engine.config.scheduler.max_model_len} tokens can hold: shorten them",
                            "messages")
@@ -354,7 +353,7 @@ class OpenAIServing:
             raise from_value_error(e, job.names) from None
         failed = next((out.error for out in final if out is not None and out.error is not None), None)
         if failed is not None:
-            raise APIError(500, f"generation failed inside the engine: {failed}")
+            raise _engine_failure(failed)
         if job.timed_out:
             raise self._timeout_error()
         return JSONResponse(self._response_body(job, final))
@@ -395,7 +394,7 @@ class OpenAIServing:
         try:
             async for p, out in stream:
                 if out.error is not None:  # this request failed in the engine; the others of the job are aborted
-                    yield _sse(error_body(500, f"generation failed inside the engine: {out.error}"))
+                    yield _sse(_engine_failure(out.error).body())
                     break
                 final[p] = out
                 choices = [ch for c in out.outputs if (ch := self._delta(job, p * n + c.index, p, c)) is not None]
@@ -528,6 +527,16 @@ async def _merge(streams: list) -> AsyncIterator[tuple[int, RequestOutput]]:
     finally:
         for t in tasks:
             t.cancel()
+
+
+def _chat_chars(req: ChatCompletionRequest) -> int:
+    """Characters of text in a conversation (what its tokenization costs grows with)."""
+    return sum(len(m.content) if isinstance(m.content, str) else sum(len(p.text) for p in m.content or ())
+               for m in req.messages)
+
+
+def _engine_failure(error: str) -> APIError:
+    return APIError(500, f"generation failed inside the engine: {error}")
 
 
 def _finite(x: float) -> float:

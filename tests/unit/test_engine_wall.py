@@ -21,8 +21,16 @@ def tiny(tmp_path_factory):
     return str(path), hf
 
 
-def _poisoned(reqs) -> bool:
-    return any(r.sampling_params.seed == POISON for r in reqs)
+def _poison(obj, name: str, reqs_of, error: Exception) -> None:
+    """Make obj.name raise `error` whenever its call involves the marked request (reqs_of: args -> requests)."""
+    real = getattr(obj, name)
+
+    def poisoned(*args):
+        if any(r.sampling_params.seed == POISON for r in reqs_of(*args)):
+            raise error
+        return real(*args)
+
+    setattr(obj, name, poisoned)
 
 
 def _run(llm, prompts, params) -> dict:
@@ -53,32 +61,12 @@ def test_a_request_that_breaks_its_batch_fails_alone(tiny, steps, where):
     llm = LLM(model=path, num_kv_blocks=120, block_size=8, swap_space=0, num_scheduler_steps=steps, dtype="float32")
     runner = llm.engine.runner
     if where == "sampler":
-        real = runner.sampler.sample_tokens
-
-        def sample_tokens(logits, reqs):
-            if _poisoned(reqs):
-                raise RuntimeError("injected sampler fault")
-            return real(logits, reqs)
-
-        runner.sampler.sample_tokens = sample_tokens
+        _poison(runner.sampler, "sample_tokens", lambda logits, reqs: reqs, RuntimeError("injected sampler fault"))
     else:
-        real = runner.execute
-
-        def execute(sched):
-            if _poisoned([s.req for s in sched.seqs]):
-                raise IndexError("injected forward fault")
-            return real(sched)
-
-        runner.execute = execute
+        sched_reqs = lambda sched: [s.req for s in sched.seqs]
+        _poison(runner, "execute", sched_reqs, IndexError("injected forward fault"))
         if steps > 1:  # a decode run calls the model itself: poison its construction for the marked batch
-            real_run = runner.start_decode_run
-
-            def start_decode_run(sched):
-                if _poisoned([s.req for s in sched.seqs]):
-                    raise IndexError("injected forward fault")
-                return real_run(sched)
-
-            runner.start_decode_run = start_decode_run
+            _poison(runner, "start_decode_run", sched_reqs, IndexError("injected forward fault"))
     max_tokens = [6, 12, 9, 15]
     params = [SamplingParams(temperature=0, max_tokens=m, ignore_eos=True) for m in max_tokens]
     # the poisoned one joins after a few tokens (greedy: its seed changes nothing but the marker)
