@@ -76,17 +76,17 @@ def main() -> None:
 
     import uvicorn
 
-    from tachyon.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
-    from tachyon.engine.args import load_tokenizer
+    from tachyon.config import ModelConfig
     from tachyon.engine.async_engine import AsyncEngine
     from tachyon.engine.engine import LLMEngine
+    from tachyon.engine.tokenizer import load_tokenizer
+    from tachyon.engine_args import EngineArgs
     from tachyon.server.app import create_app
 
     mc = ModelConfig.from_file(os.path.join(MODEL, "config.json"))
-    cfg = EngineConfig(model=mc, cache=CacheConfig(block_size=16, num_kv_blocks=80_000, swap_space_gib=0),
-                       scheduler=SchedulerConfig(max_num_batched_tokens=8192, max_num_seqs=256, max_model_len=4096,
-                                                 num_scheduler_steps=args.num_scheduler_steps),
-                       device=torch.device("cpu"), dtype=torch.bfloat16)
+    cfg = EngineArgs(dtype="bfloat16", block_size=16, num_kv_blocks=80_000, swap_space=0, max_num_batched_tokens=8192,
+                     max_num_seqs=256, max_model_len=4096, num_scheduler_steps=args.num_scheduler_steps,
+                     ).create_engine_config(mc, torch.device("cpu"))
     runner = InstantRunner(mc.vocab_size, 16)
     runner.config = cfg
     engine = LLMEngine(cfg, load_tokenizer(MODEL), runner, 80_000)

@@ -3,46 +3,13 @@
 from __future__ import annotations
 
 import argparse
-import importlib
 import os
 import sys
 
-
-def add_engine_args(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group("engine")
-    g.add_argument("--model", default=None,
-                   help="HF checkpoint directory, .gguf file, or config.json with --load-format dummy "
-                        "(default: the embedded SmolLM2-135M-Instruct)")
-    g.add_argument("--tokenizer", default=None)
-    g.add_argument("--dtype", default="auto", help="auto | float32 | float16 | bfloat16")
-    g.add_argument("--device", default="auto", help="auto | cpu | cuda")
-    g.add_argument("--max-model-len", type=int, default=None)
-    g.add_argument("--max-num-seqs", type=int, default=256)
-    g.add_argument("--max-num-batched-tokens", type=int, default=None)
-    g.add_argument("--block-size", type=int, default=16)
-    g.add_argument("--kv-cache-memory-gib", type=float, default=1.0, help="CPU: size of the KV pool in GiB")
-    g.add_argument("--gpu-memory-utilization", type=float, default=0.9)
-    g.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True)
-    g.add_argument("--swap-space", type=float, default=4.0, help="GiB of CPU memory for preempted KV (0 = off)")
-    g.add_argument("--seed", type=int, default=0)
-    g.add_argument("--load-format", default="auto", choices=["auto", "dummy"])
-    g.add_argument("--attention-backend", default="auto", choices=["auto", "torch", "triton"])
-    g.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs")
-    g.add_argument("--num-scheduler-steps", type=int, default=None,
-                   help="decode forwards queued on the GPU ahead of the host's bookkeeping when no request "
-                        "can be admitted (default: 3 with CUDA graphs, else 1 = one forward per round trip)")
-    g.add_argument("--max-n", type=int, default=128,
-                   help="the largest n (choices per request) a request may ask for; more is a 400")
-    g.add_argument("--max-logprobs", type=int, default=20,
-                   help="the most top logprobs per token a request may ask for; more is a 400")
-    g.add_argument("--enable-pdl", action=argparse.BooleanOptionalAction, default=True,
-                   help="programmatic dependent launch of the Triton kernels (sm_90+ GPUs; off elsewhere)")
-
-
-def engine_kwargs(args: argparse.Namespace) -> dict:
-    from tachyon.engine.args import EngineArgs
-
-    return {k: getattr(args, k) for k in EngineArgs.field_names() if hasattr(args, k)}
+from tachyon.bench.cli import add_bench_args
+from tachyon.engine_args import EngineArgs
+from tachyon.plan import add_plan_args
+from tachyon.server.cli import add_serve_args
 
 
 def _sampling(args) -> "SamplingParams":  # noqa: F821
@@ -83,7 +50,7 @@ def _stream(engine, rid: str, out=None) -> "RequestOutput":  # noqa: F821
 def cmd_generate(args) -> int:
     from tachyon.llm import LLM
 
-    llm = LLM(**engine_kwargs(args))
+    llm = LLM(**vars(EngineArgs.from_cli_args(args)))
     sp = _sampling(args)
     if args.chat:
         ids = llm.encode_chat([{"role": "user", "content": args.prompt}])
@@ -106,7 +73,7 @@ def cmd_chat(args) -> int:
     from tachyon.llm import LLM
 
     print("loading model ...", file=sys.stderr, flush=True)
-    llm = LLM(**engine_kwargs(args))
+    llm = LLM(**vars(EngineArgs.from_cli_args(args)))
     sp = _sampling(args)
     messages = [{"role": "system", "content": args.system}] if args.system else []
     interactive = sys.stdin.isatty()
@@ -168,29 +135,29 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("prompt")
     p.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
     p.add_argument("-v", "--verbose", action="store_true", help="print timings")
-    add_engine_args(p)
+    EngineArgs.add_cli_args(p)
     _add_sampling_args(p, temperature=0.0)
     p.set_defaults(func=cmd_generate)
 
     p = sub.add_parser("chat", help="interactive chat on the terminal (streams tokens)")
     p.add_argument("--system", default=None, help="system prompt")
-    add_engine_args(p)
+    EngineArgs.add_cli_args(p)
     _add_sampling_args(p, temperature=0.7)
     p.set_defaults(func=cmd_chat)
 
-    # Each layer adds its own flags; its module is imported here only for its argument definitions.
-    for name, module, adder, func, helptext, engine in (
-        ("serve", "tachyon.server.cli", "add_serve_args", cmd_serve, "OpenAI-compatible HTTP server", True),
-        ("bench", "tachyon.bench.cli", "add_bench_args", cmd_bench,
-         "benchmarks: latency, throughput, serve, sweep, ladder", False),
-        ("plan", "tachyon.plan", "add_plan_args", cmd_plan,
-         "capacity planner: weights, KV bytes per token, max concurrent sequences", False),
-    ):
-        p = sub.add_parser(name, help=helptext)
-        if engine:
-            add_engine_args(p)
-        getattr(importlib.import_module(module), adder)(p)
-        p.set_defaults(func=func)
+    # Each layer adds its own flags (bench adds the engine's to each of its subcommands).
+    p = sub.add_parser("serve", help="OpenAI-compatible HTTP server")
+    EngineArgs.add_cli_args(p)
+    add_serve_args(p)
+    p.set_defaults(func=cmd_serve)
+
+    p = sub.add_parser("bench", help="benchmarks: latency, throughput, serve, sweep, ladder")
+    add_bench_args(p)
+    p.set_defaults(func=cmd_bench)
+
+    p = sub.add_parser("plan", help="capacity planner: weights, KV bytes per token, max concurrent sequences")
+    add_plan_args(p)
+    p.set_defaults(func=cmd_plan)
     return parser
 
 

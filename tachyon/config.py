@@ -140,25 +140,27 @@ def num_kv_blocks_for_budget(model: ModelConfig, kv_dtype: torch.dtype, block_si
     return int(budget_bytes // (kv_cache_bytes_per_token(model, kv_dtype) * block_size))
 
 
+# The three below are plain holders: `tachyon.engine_args.EngineArgs` owns every knob's default and builds them
+# (`EngineArgs(...).create_engine_config(model, device)`, also in tests).
 @dataclass(slots=True)
 class CacheConfig:
-    block_size: int = 16
+    block_size: int
     # CPU: the KV pool is this many bytes. GPU: sized from free memory and gpu_memory_utilization.
-    kv_cache_bytes: int = 1 << 30
-    gpu_memory_utilization: float = 0.9
-    num_kv_blocks: int | None = None
-    enable_prefix_caching: bool = True
-    swap_space_gib: float = 4.0
+    kv_cache_bytes: int
+    gpu_memory_utilization: float
+    num_kv_blocks: int | None  # exact pool size, overrides both
+    enable_prefix_caching: bool
+    swap_space_gib: float
 
 
 @dataclass(slots=True)
 class SchedulerConfig:
-    max_num_batched_tokens: int = 2048
-    max_num_seqs: int = 256
-    max_model_len: int = 4096
+    max_num_batched_tokens: int
+    max_num_seqs: int
+    max_model_len: int
     # decode-only batches become runs (tachyon.worker.decode_run): up to this many forwards queued on the
     # device, each fed the previous one's sampled ids there, while the host does the bookkeeping of the oldest
-    num_scheduler_steps: int = 1
+    num_scheduler_steps: int
 
 
 @dataclass(slots=True)
@@ -168,9 +170,9 @@ class EngineConfig:
     scheduler: SchedulerConfig
     device: torch.device
     dtype: torch.dtype
-    attention_backend: str = "torch"
-    enforce_eager: bool = True
-    seed: int = 0
-    enable_pdl: bool = False  # the runner switches it on only where tachyon.kernels.pdl.supported
-    max_n: int = 128  # sequences one request may ask for (n), as OpenAI's API allows
-    max_logprobs: int = 20  # top logprobs one request may ask for per token, as vLLM's default
+    attention_backend: str  # "torch" or "triton", resolved
+    enforce_eager: bool
+    seed: int
+    enable_pdl: bool  # the runner switches it on only where tachyon.kernels.pdl.supported
+    max_n: int  # sequences one request may ask for (n), as OpenAI's API allows
+    max_logprobs: int  # top logprobs one request may ask for per token, as vLLM's default

@@ -8,8 +8,8 @@ from collections.abc import Sequence
 
 import torch
 
-from tachyon.engine.args import EngineArgs
 from tachyon.engine.chat import encode_chat
+from tachyon.engine_args import EngineArgs
 from tachyon.outputs import RequestOutput
 from tachyon.sampling_params import SamplingParams
 
@@ -26,7 +26,9 @@ class LLM:
         if unknown:
             raise TypeError(f"LLM() got unknown arguments {sorted(unknown)}; known: {sorted(EngineArgs.field_names())}")
         self.args = EngineArgs(model=model, **kwargs)
-        self.engine = self.args.create_engine()
+        from tachyon.build import build_engine  # engine, worker and models load when an engine is built
+
+        self.engine = build_engine(self.args)
         self._ids = itertools.count()
 
     def get_tokenizer(self):

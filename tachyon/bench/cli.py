@@ -14,6 +14,7 @@ import os
 import sys
 
 from tachyon.bench.workloads import NAMED, WorkloadSpec, parse_len
+from tachyon.engine_args import EngineArgs
 
 RESULTS_DIR = os.path.join("benchmarks", "results")
 _PARSERS: dict[str, argparse.ArgumentParser] = {}
@@ -77,8 +78,6 @@ def _add_report_args(p: argparse.ArgumentParser) -> None:
 
 
 def add_bench_args(p: argparse.ArgumentParser) -> None:
-    from tachyon.cli import add_engine_args
-
     p.add_argument("--compare", nargs="+", default=None, metavar="RESULT.json",
                    help="plot saved results against each other (no benchmark is run)")
     p.add_argument("--plot-out", default=None, help="--compare: PNG path")
@@ -91,7 +90,7 @@ def add_bench_args(p: argparse.ArgumentParser) -> None:
         _add_backend_args(sp, default_backend)
         _add_report_args(sp)
         if engine:
-            add_engine_args(sp)
+            EngineArgs.add_cli_args(sp)
             # Repeated prompts (warm-up, --num-iters) must not hit the prefix cache unless the workload is
             # about prefixes: None = on only for workloads with a shared prefix.
             sp.set_defaults(enable_prefix_caching=None)

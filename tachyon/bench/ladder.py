@@ -36,7 +36,7 @@ def _flash_available() -> bool:
 
 def quantization_methods() -> list[str]:
     """The methods the engine accepts, if it has a quantization option at all."""
-    from tachyon.engine.args import EngineArgs
+    from tachyon.engine_args import EngineArgs
 
     if "quantization" not in EngineArgs.field_names():
         return []

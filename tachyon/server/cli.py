@@ -56,12 +56,12 @@ def served_model_name(model: str | None, override: str | None = None) -> str:
 
 def build_app(args: argparse.Namespace):
     """The engine (from the engine flags) and the app around it."""
-    from tachyon.cli import engine_kwargs
-    from tachyon.engine.args import EngineArgs
+    from tachyon.build import build_engine
     from tachyon.engine.async_engine import AsyncEngine
+    from tachyon.engine_args import EngineArgs
     from tachyon.server.app import create_app
 
-    engine = EngineArgs(**engine_kwargs(args)).create_engine()
+    engine = build_engine(EngineArgs.from_cli_args(args))
     async_engine = AsyncEngine(engine, max_queued_requests=args.max_queued_requests)
     name = served_model_name(args.model, args.served_model_name)
     body_mb = args.max_request_body_mb

@@ -85,11 +85,12 @@ def serve_in_thread(app):
 @pytest.fixture(scope="session")
 def server():
     pytest.importorskip("fastapi")
-    from tachyon.engine.args import EngineArgs
+    from tachyon.build import build_engine
     from tachyon.engine.async_engine import AsyncEngine
+    from tachyon.engine_args import EngineArgs
     from tachyon.server.app import create_app
 
-    engine = EngineArgs(kv_cache_memory_gib=0.25, swap_space=0).create_engine()
+    engine = build_engine(EngineArgs(kv_cache_memory_gib=0.25, swap_space=0))
     app = create_app(AsyncEngine(engine), MODEL, api_key=API_KEY)
     with serve_in_thread(app) as url:
         yield LiveServer(url, app)

@@ -33,11 +33,12 @@ class GatedServer(LiveServer):
 
 @pytest.fixture(scope="module")
 def gated():
-    from tachyon.engine.args import EngineArgs
+    from tachyon.build import build_engine
     from tachyon.engine.async_engine import AsyncEngine
+    from tachyon.engine_args import EngineArgs
     from tachyon.server.app import create_app
 
-    engine = EngineArgs(kv_cache_memory_gib=0.1, swap_space=0).create_engine()
+    engine = build_engine(EngineArgs(kv_cache_memory_gib=0.1, swap_space=0))
     app = create_app(AsyncEngine(engine), MODEL, api_key=list(KEYS), max_request_body_bytes=LIMIT,
                      metrics_require_api_key=True)
     with serve_in_thread(app) as url:

@@ -6,8 +6,9 @@ import asyncio
 import time
 
 from tachyon import SamplingParams
-from tachyon.engine.args import EngineArgs
+from tachyon.build import build_engine
 from tachyon.engine.async_engine import AsyncEngine
+from tachyon.engine_args import EngineArgs
 from tests.conftest import hf_greedy, make_tiny_checkpoint
 
 
@@ -16,8 +17,8 @@ def test_a_consumer_that_falls_behind_gets_the_newest_output(tmp_path):
     all their tokens (one SSE chunk instead of many), nothing is lost, and the engine does not build the
     outputs in between."""
     hf = make_tiny_checkpoint("llama", str(tmp_path), seed=6)
-    engine = EngineArgs(model=str(tmp_path), num_kv_blocks=64, block_size=8, swap_space=0,
-                        dtype="float32").create_engine()
+    engine = build_engine(EngineArgs(model=str(tmp_path), num_kv_blocks=64, block_size=8, swap_space=0,
+                                     dtype="float32"))
     ae = AsyncEngine(engine)
     made = []
     ae.on_step = lambda outputs, _: made.extend(len(o.outputs[0].token_ids) for o in outputs)
@@ -45,8 +46,8 @@ def test_a_consumer_that_falls_behind_gets_the_newest_output(tmp_path):
 
 def test_a_reader_that_keeps_up_gets_every_token_as_it_comes(tmp_path):
     hf = make_tiny_checkpoint("llama", str(tmp_path), seed=6)
-    engine = EngineArgs(model=str(tmp_path), num_kv_blocks=64, block_size=8, swap_space=0,
-                        dtype="float32").create_engine()
+    engine = build_engine(EngineArgs(model=str(tmp_path), num_kv_blocks=64, block_size=8, swap_space=0,
+                                     dtype="float32"))
     step = engine.step
 
     def slow_step():  # each step starts 20 ms after the last one's outputs were handed over: the reader has
@@ -72,8 +73,8 @@ def test_a_reader_that_keeps_up_gets_every_token_as_it_comes(tmp_path):
 
 def test_a_non_streaming_request_gets_only_its_final_output(tmp_path):
     hf = make_tiny_checkpoint("llama", str(tmp_path), seed=6)
-    engine = EngineArgs(model=str(tmp_path), num_kv_blocks=64, block_size=8, swap_space=0,
-                        dtype="float32").create_engine()
+    engine = build_engine(EngineArgs(model=str(tmp_path), num_kv_blocks=64, block_size=8, swap_space=0,
+                                     dtype="float32"))
     ae = AsyncEngine(engine)
     made = []
     ae.on_step = lambda outputs, _: made.extend(outputs)

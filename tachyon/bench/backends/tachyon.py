@@ -13,24 +13,19 @@ class TachyonBackend(Backend):
     name = "tachyon"
 
     def __init__(self, args):
-        from tachyon.engine.args import EngineArgs
+        from tachyon.engine_args import EngineArgs
 
-        self.engine_kwargs = {k: getattr(args, k) for k in EngineArgs.field_names() if getattr(args, k, None)
-                              is not None}
-        self.llm = None
+        self.args = EngineArgs.from_cli_args(args)
+        self.engine = None
         self.startup_s = None
         self._n = 0
 
     def load(self) -> None:
-        from tachyon.llm import LLM
+        from tachyon.build import build_engine
 
         t = now()
-        self.llm = LLM(**self.engine_kwargs)
+        self.engine = build_engine(self.args)
         self.startup_s = now() - t
-
-    @property
-    def engine(self):
-        return self.llm.engine
 
     @property
     def vocab_size(self) -> int:
@@ -96,7 +91,7 @@ class TachyonBackend(Backend):
     def config(self) -> dict:
         c = self.engine.config
         return {
-            "engine_args": {k: v for k, v in self.llm.args.__dict__.items()},
+            "engine_args": dict(vars(self.args)),
             "device": str(c.device), "dtype": str(c.dtype).removeprefix("torch."),
             "attention_backend": c.attention_backend, "num_kv_blocks": self.engine.kv.num_blocks,
             "block_size": c.cache.block_size, "max_num_batched_tokens": c.scheduler.max_num_batched_tokens,
@@ -105,4 +100,4 @@ class TachyonBackend(Backend):
         }
 
     def close(self) -> None:
-        self.llm = None
+        self.engine = None

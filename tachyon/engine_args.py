@@ -1,0 +1,132 @@
+"""EngineArgs: every knob a user sets on the engine (vLLM's names), each written once with its default and help.
+
+From these fields come the engine flags of every command (`add_cli_args`, `from_cli_args`), the keyword
+arguments `LLM(...)` accepts (`field_names`), and the config dataclasses the engine and the runner read
+(`create_engine_config`). The engine itself is built by `tachyon.build.build_engine`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import types
+import typing
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+import torch
+
+from tachyon.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig, parse_dtype
+
+# Step token budget when --max-num-batched-tokens is not given, by device type.
+DEFAULT_MAX_NUM_BATCHED_TOKENS = {"cuda": 8192, "cpu": 2048}
+
+
+def _knob(default: Any, help: str, **cli: Any) -> Any:
+    """A field with its help text; `cli` holds extra argparse keywords (choices)."""
+    return field(default=default, metadata={"help": help, **cli})
+
+
+@dataclass
+class EngineArgs:
+    model: str | None = _knob(None, "HF checkpoint directory, .gguf file, or config.json with --load-format dummy "
+                                    "(default: the embedded SmolLM2-135M-Instruct)")
+    tokenizer: str | None = _knob(None, "tokenizer directory (default: the model's own)")
+    dtype: str = _knob("auto", "auto | float32 | float16 | bfloat16 (auto: float32 on the CPU, bfloat16 on a GPU)")
+    device: str = _knob("auto", "auto | cpu | cuda (auto: cuda when a GPU is visible)")
+    max_model_len: int | None = _knob(None, "longest sequence, prompt and output (default: the model's "
+                                            "max_position_embeddings, at most its sliding window)")
+    max_num_seqs: int = _knob(256, "most sequences running at once")
+    max_num_batched_tokens: int | None = _knob(None, "tokens one step may run (default: "
+                                                     f"{DEFAULT_MAX_NUM_BATCHED_TOKENS['cuda']} on a GPU, "
+                                                     f"{DEFAULT_MAX_NUM_BATCHED_TOKENS['cpu']} on the CPU)")
+    block_size: int = _knob(16, "tokens per KV block")
+    kv_cache_memory_gib: float = _knob(1.0, "CPU: size of the KV pool in GiB")
+    gpu_memory_utilization: float = _knob(0.9, "GPU: the fraction of its memory the engine may use "
+                                               "(weights, activations, KV pool)")
+    num_kv_blocks: int | None = _knob(None, "exact KV pool size in blocks (overrides the memory-based sizing)")
+    enable_prefix_caching: bool = _knob(True, "reuse the KV blocks of a prompt prefix seen before")
+    swap_space: float = _knob(4.0, "GiB of CPU memory for preempted sequences' KV (0 = off: recompute them)")
+    seed: int = _knob(0, "seed of the random weights (--load-format dummy) and of sampling without a request seed")
+    load_format: str = _knob("auto", "auto: read the checkpoint; dummy: random weights, no checkpoint read",
+                             choices=["auto", "dummy"])
+    attention_backend: str = _knob("auto", "auto: triton on a GPU, torch on the CPU",
+                                   choices=["auto", "torch", "triton"])
+    enforce_eager: bool = _knob(False, "no CUDA graphs")
+    num_scheduler_steps: int | None = _knob(None, "decode forwards queued on the GPU ahead of the host's "
+                                                  "bookkeeping when no request can be admitted (default: 3 with "
+                                                  "CUDA graphs, else 1 = one forward per round trip)")
+    enable_pdl: bool = _knob(True, "programmatic dependent launch of the Triton kernels (sm_90+ GPUs; off "
+                                   "elsewhere)")
+    max_n: int = _knob(128, "the largest n (choices per request) a request may ask for; more is a 400")
+    max_logprobs: int = _knob(20, "the most top logprobs per token a request may ask for; more is a 400")
+
+    def __post_init__(self) -> None:
+        if self.max_n < 1:
+            raise ValueError(f"max_n={self.max_n}: it must be >= 1")
+        if self.max_logprobs < 0:
+            raise ValueError(f"max_logprobs={self.max_logprobs}: it must be >= 0")
+
+    @classmethod
+    def field_names(cls) -> set[str]:
+        return {f.name for f in fields(cls)}
+
+    # -- the command line -----------------------------------------------------------------------------------
+    @classmethod
+    def add_cli_args(cls, parser: argparse.ArgumentParser, only: typing.Iterable[str] | None = None) -> None:
+        """One `--flag-name` per field (or per field in `only`): bools take `--x/--no-x`, the rest a value."""
+        group = parser.add_argument_group("engine")
+        hints = typing.get_type_hints(cls)
+        for f in fields(cls):
+            if only is not None and f.name not in only:
+                continue
+            kind = _value_type(hints[f.name])
+            kwargs = dict(f.metadata)
+            if kind is bool:
+                kwargs["action"] = argparse.BooleanOptionalAction
+            elif kind is not str:
+                kwargs["type"] = kind
+            if f.default is not None and "default" not in kwargs["help"]:
+                kwargs["help"] += " (default: %(default)s)"
+            group.add_argument("--" + f.name.replace("_", "-"), default=f.default, **kwargs)
+
+    @classmethod
+    def from_cli_args(cls, args: argparse.Namespace) -> EngineArgs:
+        """The fields `add_cli_args` put on the namespace; the others keep their defaults."""
+        return cls(**{f.name: getattr(args, f.name) for f in fields(cls) if hasattr(args, f.name)})
+
+    # -- the configs -----------------------------------------------------------------------------------------
+    def resolve_device(self) -> torch.device:
+        if self.device == "auto":
+            return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        return torch.device(self.device)
+
+    def create_engine_config(self, model: ModelConfig, device: torch.device) -> EngineConfig:
+        """The engine's configs for `model` on `device`, with every `auto`/None knob resolved."""
+        gpu = device.type == "cuda"
+        dtype = parse_dtype(self.dtype) if self.dtype != "auto" else (torch.bfloat16 if gpu else torch.float32)
+        max_len = self.max_model_len or model.max_position_embeddings
+        if model.sliding_window:
+            max_len = min(max_len, model.sliding_window)  # no sliding-window attention: stay inside it
+        backend = self.attention_backend
+        if backend == "auto":
+            backend = "triton" if gpu else "torch"
+        graphs = gpu and backend == "triton" and not self.enforce_eager
+        tokens = self.max_num_batched_tokens or DEFAULT_MAX_NUM_BATCHED_TOKENS["cuda" if gpu else "cpu"]
+        return EngineConfig(
+            model=model,
+            cache=CacheConfig(block_size=self.block_size, kv_cache_bytes=int(self.kv_cache_memory_gib * (1 << 30)),
+                              gpu_memory_utilization=self.gpu_memory_utilization, num_kv_blocks=self.num_kv_blocks,
+                              enable_prefix_caching=self.enable_prefix_caching, swap_space_gib=self.swap_space),
+            scheduler=SchedulerConfig(max_num_batched_tokens=max(tokens, 1), max_num_seqs=self.max_num_seqs,
+                                      max_model_len=max_len,
+                                      num_scheduler_steps=max(1, self.num_scheduler_steps or (3 if graphs else 1))),
+            device=device, dtype=dtype, attention_backend=backend, enforce_eager=self.enforce_eager, seed=self.seed,
+            enable_pdl=self.enable_pdl and backend == "triton", max_n=self.max_n, max_logprobs=self.max_logprobs,
+        )
+
+
+def _value_type(hint: Any) -> type:
+    """int for `int | None`, and so on: the type a flag's value is parsed as."""
+    if isinstance(hint, types.UnionType) or typing.get_origin(hint) is typing.Union:
+        (hint,) = [a for a in typing.get_args(hint) if a is not type(None)]
+    return hint
