@@ -35,6 +35,7 @@ from typing import Any
 import torch
 
 from tachyon.config import ModelConfig, kv_cache_bytes_per_token, num_kv_blocks_for_budget, parse_dtype
+from tachyon.engine_args import DEFAULT_MAX_NUM_BATCHED_TOKENS, EngineArgs
 
 GiB = 1 << 30
 KiB = 1 << 10
@@ -66,15 +67,14 @@ def add_plan_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--gpu-mem", type=float, default=80.0, help="memory of one GPU in GiB (default 80)")
     p.add_argument("--gpus", type=int, default=1, help="number of GPUs (default 1)")
     p.add_argument("--tp", type=int, default=None, help="tensor-parallel size (default: --gpus, one replica)")
-    p.add_argument("--max-model-len", type=int, default=None,
-                   help="longest sequence (default: the config's max_position_embeddings)")
     p.add_argument("--context-len", type=int, default=None,
                    help="context length to count concurrent sequences at (default: --max-model-len)")
-    p.add_argument("--gpu-memory-utilization", type=float, default=0.9)
-    p.add_argument("--block-size", type=int, default=16)
-    p.add_argument("--max-num-batched-tokens", type=int, default=8192,
-                   help="tokens in the largest step; sizes the activation reserve (engine default on a GPU: 8192)")
-    p.add_argument("--max-num-seqs", type=int, default=256, help="scheduler cap on running sequences")
+    gpu_tokens = DEFAULT_MAX_NUM_BATCHED_TOKENS["cuda"]
+    p.add_argument("--max-num-batched-tokens", type=int, default=gpu_tokens,
+                   help=f"tokens in the largest step; sizes the activation reserve (engine default on a GPU: "
+                        f"{gpu_tokens})")
+    # the engine's own flags, defaults and help, for the knobs the plan shares with it
+    EngineArgs.add_cli_args(p, only=("max_model_len", "gpu_memory_utilization", "block_size", "max_num_seqs"))
     p.add_argument("--activation-gib", type=float, default=None,
                    help="activation reserve per GPU in GiB (default: 1 GiB + an estimate from max-num-batched-tokens)")
     p.add_argument("--kv-budget-gib", type=float, default=None,
@@ -164,9 +164,11 @@ def _llama3_70b_shaped(cfg: ModelConfig) -> bool:
 def make_plan(cfg: ModelConfig, *, dtype: str | torch.dtype = "bf16", kv_cache_dtype: str | torch.dtype = "auto",
               quantization: str = "none", gpu_mem_gib: float = 80.0, gpus: int = 1, tp: int | None = None,
               max_model_len: int | None = None, context_len: int | None = None,
-              gpu_memory_utilization: float = 0.9, block_size: int = 16, max_num_batched_tokens: int = 8192,
-              max_num_seqs: int = 256, activation_gib: float | None = None, kv_budget_bytes: int | None = None,
-              model_name: str | None = None) -> dict[str, Any]:
+              gpu_memory_utilization: float = EngineArgs.gpu_memory_utilization,
+              block_size: int = EngineArgs.block_size,
+              max_num_batched_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS["cuda"],
+              max_num_seqs: int = EngineArgs.max_num_seqs, activation_gib: float | None = None,
+              kv_budget_bytes: int | None = None, model_name: str | None = None) -> dict[str, Any]:
     """Every number of the plan as a dict (what `--json` prints). kv_budget_bytes: an explicit per-GPU KV budget
     that replaces the memory arithmetic (the CPU engine's kv_cache_memory_gib * 2**30)."""
     dtype = torch.bfloat16 if dtype == "auto" else parse_dtype(dtype)
