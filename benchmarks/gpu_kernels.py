@@ -24,7 +24,6 @@ from triton.testing import do_bench
 
 from tachyon.kernels import decode_attention as decode_mod
 from tachyon.kernels import paged_attention as prefill_mod
-from tachyon.kernels.attention_backend import TritonAttentionBackend
 from tachyon.kernels.decode_attention import decode_attention
 from tachyon.kernels.fused_ops import fused_add_rms_norm, rotary, silu_and_mul
 from tachyon.kernels.kv_write import write_kv
@@ -38,6 +37,7 @@ from tachyon.layers.attention import (
 )
 from tachyon.layers.norm import RMSNorm
 from tachyon.layers.rotary import RotaryEmbedding
+from tachyon.layers.triton_backend import TritonAttentionBackend
 
 HQ, HKV, D, BLOCK, HIDDEN, INTER = 32, 8, 128, 16, 4096, 14336
 DT = torch.bfloat16

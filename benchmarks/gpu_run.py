@@ -66,10 +66,10 @@ def copy_bandwidth() -> float:
 
 # -- correctness ----------------------------------------------------------------------------------------------
 def _set_fused(model, on: bool):
-    from tachyon.kernels.attention_backend import install_fused_ops
     from tachyon.layers.activation import silu_and_mul_ref
     from tachyon.layers.norm import RMSNorm
     from tachyon.layers.rotary import RotaryEmbedding
+    from tachyon.layers.triton_backend import install_fused_ops
     from tachyon.models.llama import MLP
 
     if on:

@@ -138,7 +138,7 @@ def get_attention_backend(name: str):
     if name == "torch":
         return TorchAttentionBackend()
     if name == "triton":
-        from tachyon.kernels.attention_backend import TritonAttentionBackend
+        from tachyon.layers.triton_backend import TritonAttentionBackend  # imports Triton: only when asked
 
         return TritonAttentionBackend()
     raise ValueError(f"unknown attention backend {name!r}; use 'torch' or 'triton'")

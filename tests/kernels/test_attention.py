@@ -3,10 +3,10 @@
 import pytest
 import torch
 
-from tachyon.kernels.attention_backend import TritonAttentionBackend
 from tachyon.kernels.decode_attention import decode_attention
 from tachyon.kernels.paged_attention import prefill_attention
 from tachyon.layers.attention import get_attention_backend, paged_attention_ref, write_kv_ref
+from tachyon.layers.triton_backend import TritonAttentionBackend
 
 # 16-bit kernels round P to the input dtype before P @ V; the reference runs in fp32 on the same inputs
 TOL = {torch.float32: 1e-5, torch.float16: 3e-3, torch.bfloat16: 2e-2}

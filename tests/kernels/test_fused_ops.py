@@ -2,11 +2,11 @@ import pytest
 import torch
 from torch import nn
 
-from tachyon.kernels.attention_backend import install_fused_ops
 from tachyon.kernels.fused_ops import fused_add_rms_norm, rotary, silu_and_mul
 from tachyon.layers.activation import silu_and_mul_ref
 from tachyon.layers.norm import RMSNorm
 from tachyon.layers.rotary import RotaryEmbedding
+from tachyon.layers.triton_backend import install_fused_ops
 
 # the kernels round where the references round, so only last-bit differences (exp/rsqrt ulps) remain
 TOL = {torch.float32: 1e-6, torch.float16: 1e-3, torch.bfloat16: 8e-3}

@@ -4,7 +4,7 @@ kernel included) gives transformers' greedy tokens: on the CPU through Triton's 
 from __future__ import annotations
 
 from tachyon import LLM, SamplingParams
-from tachyon.kernels.attention_backend import install_fused_ops
+from tachyon.layers.triton_backend import install_fused_ops
 from tests.conftest import hf_greedy, make_tiny_checkpoint
 
 

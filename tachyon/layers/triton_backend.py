@@ -1,5 +1,8 @@
-"""The Triton attention backend (same interface as `layers.attention.TorchAttentionBackend`) and the hook that
-swaps the fused Triton ops into a model's RMSNorm / rotary / MLP activation."""
+"""The layers' Triton fast paths: the attention backend (same interface as `layers.attention.TorchAttentionBackend`)
+and the hook that swaps the fused Triton ops into a model's RMSNorm / rotary / MLP activation.
+
+Here, above the kernels, because both put kernels into layers: `tachyon.kernels` imports nothing of the layers.
+"""
 
 from __future__ import annotations
 
@@ -11,8 +14,11 @@ from tachyon.kernels.decode_attention import decode_attention
 from tachyon.kernels.fused_ops import fused_add_rms_norm, rotary, rotary_write_kv, silu_and_mul
 from tachyon.kernels.kv_write import write_kv
 from tachyon.kernels.paged_attention import prefill_attention
+from tachyon.layers.activation import silu_and_mul_ref
+from tachyon.layers.norm import RMSNorm
+from tachyon.layers.rotary import RotaryEmbedding
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # layers.attention imports this module when the triton backend is asked for
     from tachyon.layers.attention import AttentionMetadata
 
 
@@ -51,10 +57,6 @@ class TritonAttentionBackend:
 def install_fused_ops(model: torch.nn.Module) -> torch.nn.Module:
     """Point every RMSNorm / RotaryEmbedding `.fused` hook, and every MLP `.act` that is the torch
     silu_and_mul reference, at the Triton kernels. Returns the model."""
-    from tachyon.layers.activation import silu_and_mul_ref
-    from tachyon.layers.norm import RMSNorm
-    from tachyon.layers.rotary import RotaryEmbedding
-
     for module in model.modules():
         if isinstance(module, RMSNorm):
             module.fused = fused_add_rms_norm
