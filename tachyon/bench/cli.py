@@ -491,6 +491,50 @@ def cmd_compare(args) -> int:
     return 0
 
 
+def cmd_ladder(args) -> int:
+    """Each step of tachyon.bench.ladder in its own process; one table, JSON, Markdown and bar chart of them."""
+    import tempfile
+
+    from tachyon.bench import ladder, plots
+    from tachyon.bench.report import write_json
+
+    spec = workload_spec(args, "throughput")
+    steps = ladder.ladder_steps()
+    if args.steps:
+        want = [s.strip() for s in args.steps.split(",")]
+        unknown = [w for w in want if w not in {n for n, _ in steps}]
+        if unknown:
+            raise ValueError(f"unknown ladder steps {unknown}; the steps are: {[n for n, _ in steps]}")
+        steps = [s for s in steps if s[0] in want]
+    result = base_result(args, "ladder", spec)
+    done = []
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            for name, flags in steps:
+                print(f"ladder: {name} ...", file=sys.stderr, flush=True)
+                step = ladder.run_step(name, flags, args, tmp)
+                done.append(step)
+                print(f"ladder: {name}: " + (f"FAILED ({step['error']})" if step.get("error")
+                                            else f"{step['tok_s']:.1f} tok/s, {step['memory_gib']:.2f} GiB"),
+                      file=sys.stderr, flush=True)
+    except KeyboardInterrupt:
+        result["interrupted"] = True
+    result["steps"] = done
+    print(ladder.table(done))
+    if not args.no_save:
+        path = args.output or _default_output_name(result)
+        stem = os.path.splitext(path)[0]
+        if done:
+            result["plot"] = plots.plot_ladder(done, args.plot or stem + ".png", _plot_title(result))
+        write_json(result, path)
+        with open(stem + ".md", "w") as f:
+            f.write(ladder.markdown(result))
+        print(f"saved {path}, {stem}.md" + (f", {result['plot']}" if result.get("plot") else ""), file=sys.stderr)
+    if result["interrupted"]:
+        return 130
+    return 0 if done and any(not s.get("error") for s in done) else 1
+
+
 def run_bench(args) -> int:
     if getattr(args, "compare", None):
         return cmd_compare(args)
@@ -500,7 +544,5 @@ def run_bench(args) -> int:
               file=sys.stderr)
         return 2
     if cmd == "ladder":
-        from tachyon.bench.ladder import run_ladder
-
-        return run_ladder(args)
+        return cmd_ladder(args)
     return cmd_offline(args, cmd)

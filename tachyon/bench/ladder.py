@@ -13,7 +13,6 @@ import json
 import os
 import subprocess
 import sys
-import tempfile
 
 # Flags forwarded from the ladder's own command line to every step.
 _FORWARD = ["workload", "input_len", "output_len", "num_prompts", "workload_seed", "prefix_len", "dataset",
@@ -108,56 +107,18 @@ def run_step(name: str, flags: list[str], args, tmpdir: str) -> dict:
     return step
 
 
-def run_ladder(args) -> int:
-    from tachyon.bench import plots
-    from tachyon.bench.cli import _plot_title, base_result, workload_spec
-    from tachyon.bench.report import write_json
-
-    spec = workload_spec(args, "throughput")
-    steps = ladder_steps()
-    if args.steps:
-        want = [s.strip() for s in args.steps.split(",")]
-        unknown = [w for w in want if w not in {n for n, _ in steps}]
-        if unknown:
-            raise ValueError(f"unknown ladder steps {unknown}; the steps are: {[n for n, _ in steps]}")
-        steps = [s for s in steps if s[0] in want]
-    result = base_result(args, "ladder", spec)
-    done = []
-    try:
-        with tempfile.TemporaryDirectory() as tmp:
-            for name, flags in steps:
-                print(f"ladder: {name} ...", file=sys.stderr, flush=True)
-                step = run_step(name, flags, args, tmp)
-                done.append(step)
-                print(f"ladder: {name}: " + (f"FAILED ({step['error']})" if step.get("error")
-                                            else f"{step['tok_s']:.1f} tok/s, {step['memory_gib']:.2f} GiB"),
-                      file=sys.stderr, flush=True)
-    except KeyboardInterrupt:
-        result["interrupted"] = True
-    result["steps"] = done
-    print(f"{'step':32} {'out tok/s':>12} {'TTFT ms':>10} {'memory GiB':>11}")
+def table(done: list[dict]) -> str:
+    """The finished steps as a text table (a failed one with its reason)."""
+    lines = [f"{'step':32} {'out tok/s':>12} {'TTFT ms':>10} {'memory GiB':>11}"]
     for s in done:
         if s.get("error"):
-            print(f"{s['name']:32} {'failed: ' + s['error'][:80]}")
+            lines.append(f"{s['name']:32} {'failed: ' + s['error'][:80]}")
         else:
-            print(f"{s['name']:32} {s['tok_s']:12.1f} {s['median_ttft_ms']:10.1f} {s['memory_gib']:11.2f}")
-    if not args.no_save:
-        from tachyon.bench.cli import _default_output_name
-
-        path = args.output or _default_output_name(result)
-        stem = os.path.splitext(path)[0]
-        if done:
-            result["plot"] = plots.plot_ladder(done, args.plot or stem + ".png", _plot_title(result))
-        write_json(result, path)
-        with open(stem + ".md", "w") as f:
-            f.write(_markdown(result))
-        print(f"saved {path}, {stem}.md" + (f", {result['plot']}" if result.get("plot") else ""), file=sys.stderr)
-    if result["interrupted"]:
-        return 130
-    return 0 if done and any(not s.get("error") for s in done) else 1
+            lines.append(f"{s['name']:32} {s['tok_s']:12.1f} {s['median_ttft_ms']:10.1f} {s['memory_gib']:11.2f}")
+    return "\n".join(lines)
 
 
-def _markdown(result: dict) -> str:
+def markdown(result: dict) -> str:
     lines = [f"# `tachyon bench ladder`: {result['workload']['name']}", "", f"- command: `{result['argv']}`",
              f"- hardware: {result['env']['hardware']}", f"- versions: {result['env']['versions']}",
              f"- git: {result['env']['git']}", "", "| step | output tok/s | median TTFT (ms) | memory (GiB) |",

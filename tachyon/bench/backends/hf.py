@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 
-from tachyon.bench.backends import Backend, RunResult, now
+from tachyon.bench.backends.base import Backend, RunResult, now
 from tachyon.bench.metrics import RequestResult
 from tachyon.bench.workloads import BenchRequest
 

@@ -11,7 +11,7 @@ import json
 import math
 import random
 
-from tachyon.bench.backends import Backend, RunResult, now
+from tachyon.bench.backends.base import Backend, RunResult, now
 from tachyon.bench.metrics import RequestResult
 from tachyon.bench.workloads import BenchRequest
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 
-from tachyon.bench.backends import Backend, RunResult, now
+from tachyon.bench.backends.base import Backend, RunResult, now
 from tachyon.bench.metrics import RequestResult
 from tachyon.bench.workloads import BenchRequest
 
