@@ -67,8 +67,8 @@ def main() -> None:
     swap = {}
     for mode, gib in (("swap", 1.0), ("recompute", 0.0)):
         llm = LLM(enable_prefix_caching=False, swap_space=gib, num_kv_blocks=41, max_num_batched_tokens=512)
-        if llm.engine.scheduler.swapper is not None:
-            llm.engine.scheduler.swapper.min_swap_tokens = 16
+        if llm.engine.kv.num_cpu_blocks:
+            llm.engine.kv.min_swap_tokens = 16
         r = run(llm, queue)
         s = llm.engine.scheduler
         r.update(preemptions=s.num_preemptions, swapped_out=s.num_swapped_out, recomputed=s.num_recomputed)

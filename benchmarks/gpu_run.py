@@ -93,21 +93,21 @@ def triton_vs_torch(model_dir: str, enforce_eager: bool, dtype: str = "bfloat16"
     ref_backend = TorchAttentionBackend()
     errs, argmax_same, kinds = [], [], {"mixed": 0, "decode_only": 0, "prefill_only": 0, "graph_steps": 0}
     captured = {}
-    orig_sampler = runner.sampler
+    orig_sample = runner.sampler.sample
 
-    def sampler(logits, reqs):
+    def sample(logits, reqs, num_outputs=None):
         captured["logits"] = logits.clone()
-        return orig_sampler(logits, reqs)
+        return orig_sample(logits, reqs, num_outputs)
 
-    runner.sampler = sampler
-    orig_execute = runner.execute
+    runner.sampler.sample = sample
+    orig_submit = runner.submit
 
-    def execute(out):
+    def submit(out):
         x = runner.prepare(out.seqs)
         backup = runner._kv.clone()
         _set_fused(runner.model, False)
         with torch.inference_mode():
-            hidden = runner.model(runner._to_device(x.input_ids), runner._to_device(x.positions), runner.kv_caches,
+            hidden = runner.model(runner._input_ids(x), runner._to_device(x.positions), runner.kv_caches,
                                   runner._metadata(x), ref_backend)
             ref = runner.model.compute_logits(hidden[runner._to_device(x.logits_indices)]) if x.sample_reqs else None
         _set_fused(runner.model, True)
@@ -117,14 +117,14 @@ def triton_vs_torch(model_dir: str, enforce_eager: bool, dtype: str = "bfloat16"
         if nd == S and runner.cuda_graphs is not None and runner.cuda_graphs.fits(S):
             kinds["graph_steps"] += 1
         captured.pop("logits", None)
-        result = orig_execute(out)
+        result = orig_submit(out)
         if ref is not None:
             got = captured["logits"][: ref.shape[0]]
             errs.append(((got - ref).norm() / ref.norm()).item())
             argmax_same.append((got.argmax(-1) == ref.argmax(-1)).float().mean().item())
         return result
 
-    runner.execute = execute
+    runner.submit = submit
     rng = random.Random(0)
     prefixes = [[rng.randrange(100, 30000) for _ in range(rng.choice([64, 160]))] for _ in range(3)]
     prompts = [prefixes[i % 3] + [rng.randrange(100, 30000) for _ in range(rng.randrange(5, 300))] for i in range(24)]
@@ -140,8 +140,8 @@ def triton_vs_torch(model_dir: str, enforce_eager: bool, dtype: str = "bfloat16"
     res = {"steps": len(errs), "max_rel_err": max(errs), "median_rel_err": sorted(errs)[len(errs) // 2],
            "argmax_agreement": sum(argmax_same) / len(argmax_same),
            "step_kinds": kinds, "prefix_hit_tokens": eng.kv.prefix_hits, "enforce_eager": enforce_eager, "dtype": dtype}
-    runner.execute = orig_execute  # break the closure's reference cycle so the engine can be freed
-    runner.sampler = orig_sampler
+    runner.submit = orig_submit  # break the closures' reference cycles so the engine can be freed
+    del runner.sampler.sample
     return res  # the caller collects the engine once this frame is gone
 
 
@@ -302,8 +302,8 @@ def run_offline(llm, reqs) -> dict:
     sched = eng.scheduler
     orig = sched.schedule
 
-    def schedule():
-        out = orig()
+    def schedule(num_in_flight=0):
+        out = orig(num_in_flight)
         kind = "decode" if all(x.num_new_tokens == 1 for x in out.seqs) else "mixed"
         schedule.kind, schedule.tokens = kind, sum(x.num_new_tokens for x in out.seqs)
         return out
@@ -399,7 +399,7 @@ def decode_floor(llm, batch: int, ctx: int, reps: int = 20) -> dict:
     the wall time per forward that a workload measured."""
     import bisect
 
-    from tachyon.engine.request import Request
+    from tachyon.engine.sequence import Sequence
     from tachyon.outputs import RequestMetrics
 
     runner = llm.engine.runner
@@ -408,7 +408,7 @@ def decode_floor(llm, batch: int, ctx: int, reps: int = 20) -> dict:
     bs = g.sizes[bisect.bisect_left(g.sizes, batch)]
     reqs = []
     for j in range(batch):
-        r = Request(request_id=f"floor{j}", group_id="floor", index=0, prompt_token_ids=[5] * ctx,
+        r = Sequence(seq_id=f"floor{j}", request_id=f"floor{j}", index=0, prompt_token_ids=[5] * ctx,
                     sampling_params=SamplingParams(temperature=0), max_tokens=1, eos_token_ids=frozenset(),
                     metrics=RequestMetrics(0.0))
         assert kv.allocate(r, ctx), "decode floor does not fit the KV pool"
@@ -450,8 +450,8 @@ def step_profile(llm, batch: int, ctx: int, prefill_seqs: int, prefill_len: int)
     (prefill_seqs prompts of prefill_len tokens), with the step's wall time (host included) beside it."""
     from torch.profiler import ProfilerActivity, profile
 
-    from tachyon.engine.request import Request
-    from tachyon.engine.scheduler import ScheduledSeq, SchedulerOutput
+    from tachyon.engine.sequence import Sequence
+    from tachyon.interface import ScheduledSeq, SchedulerOutput
     from tachyon.outputs import RequestMetrics
 
     runner = llm.engine.runner
@@ -460,24 +460,24 @@ def step_profile(llm, batch: int, ctx: int, prefill_seqs: int, prefill_len: int)
     for name, seqs_spec in (("decode", [(ctx, 1)] * batch), ("prefill", [(0, prefill_len)] * prefill_seqs)):
         reqs, seqs = [], []
         for j, (computed, new) in enumerate(seqs_spec):
-            r = Request(request_id=f"prof{j}", group_id="prof", index=0, prompt_token_ids=[5] * (computed + new),
+            r = Sequence(seq_id=f"prof{j}", request_id=f"prof{j}", index=0, prompt_token_ids=[5] * (computed + new),
                         sampling_params=SamplingParams(temperature=0), max_tokens=1, eos_token_ids=frozenset(),
                         metrics=RequestMetrics(0.0))
             assert kv.allocate(r, computed + new), "profile step does not fit the KV pool"
             r.num_computed_tokens = computed
             reqs.append(r)
-            seqs.append(ScheduledSeq(r, new, True))
+            seqs.append(ScheduledSeq(r, computed, new, True))
         graphs, runner.cuda_graphs = runner.cuda_graphs, None  # eager, so every kernel shows
-        runner.execute(SchedulerOutput(seqs=seqs))
+        runner.collect(runner.submit(SchedulerOutput(seqs=seqs)))
         torch.cuda.synchronize()
         walls = []
         for _ in range(3):
             t0 = time.perf_counter()
-            runner.execute(SchedulerOutput(seqs=seqs))
+            runner.collect(runner.submit(SchedulerOutput(seqs=seqs)))
             torch.cuda.synchronize()
             walls.append(time.perf_counter() - t0)
         with profile(activities=[ProfilerActivity.CUDA]) as prof:
-            runner.execute(SchedulerOutput(seqs=seqs))
+            runner.collect(runner.submit(SchedulerOutput(seqs=seqs)))
             torch.cuda.synchronize()
         runner.cuda_graphs = graphs
         rows = []

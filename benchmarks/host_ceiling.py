@@ -29,7 +29,8 @@ MODEL = os.path.join(HERE, "models", "llama3-8b-serve")
 
 
 class InstantRunner:
-    """The model runner's interface with no model: batch preparation runs, the tokens are random."""
+    """The model runner's interface (tachyon.interface.ModelRunner) with no model: batch preparation runs,
+    the tokens are random and land at once."""
 
     def __init__(self, vocab: int, block_size: int):
         from tachyon.worker.model_runner import ModelRunner
@@ -38,32 +39,26 @@ class InstantRunner:
         self.prepare = ModelRunner.prepare.__get__(self)
         self.block_size = block_size
         self.device = torch.device("cpu")
-        self.cuda_graphs = None
         self.sampler = Sampler(vocab, torch.device("cpu"))
         self.rng = random.Random(0)
         self.vocab = vocab
 
-    def _ids(self, n: int) -> list[int]:
-        return [self.rng.randrange(1000, self.vocab - 1000) for _ in range(n)]
+    def submit(self, sched):
+        from tachyon.interface import ModelRunnerOutput
 
-    def execute(self, out):
-        from tachyon.worker.sampler import SamplerOutput
-
-        x = self.prepare(out.seqs)
+        x = self.prepare(sched.seqs)
         n = len(x.sample_reqs)
-        return x.sample_reqs, SamplerOutput(self._ids(n), [None] * n, [None] * n)
+        ids = [self.rng.randrange(1000, self.vocab - 1000) for _ in range(n)]
+        return ModelRunnerOutput(x.sample_reqs, ids, [None] * n, [None] * n)
 
-    def start_decode_run(self, sched):
-        from tachyon.worker.decode_run import DecodeRun
+    def collect(self, handle):
+        return handle
 
-        runner = self
+    def drop_in_flight(self) -> None:
+        pass
 
-        class InstantRun(DecodeRun):
-            def launch(self, live):
-                self._pending.append(runner._ids(self.size))
-                self.launched += 1
-
-        return InstantRun(self, sched)
+    def request_generator(self, seed: int):
+        return self.sampler.request_generator(seed)
 
 
 def main() -> None:
@@ -108,7 +103,7 @@ def main() -> None:
     m = json.load(open(out))["runs"][0]["metrics"]
     print(json.dumps({"concurrency": args.concurrency, "num_scheduler_steps": args.num_scheduler_steps,
                       "output_tok_s": m["output_throughput"], "mean_tpot_ms": m["mean_tpot_ms"],
-                      "steps": engine.stats["steps"]}))
+                      "steps": engine.stats().num_steps}))
 
 
 if __name__ == "__main__":

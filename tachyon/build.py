@@ -27,15 +27,51 @@ def build_engine(args: EngineArgs) -> LLMEngine:
     bare_config = path.endswith(".json")  # a bare config.json: no tokenizer beside it, random weights
     tokenizer = load_tokenizer(args.tokenizer or (None if bare_config else path))
     runner = ModelRunner(config, None if args.load_format == "dummy" and bare_config else path, args.load_format)
-    num_blocks = num_kv_blocks(config, runner)
-    runner.allocate_kv_cache(num_blocks)
-    if hasattr(runner, "warm_up"):
-        runner.warm_up()
-    engine = LLMEngine(config, tokenizer, runner, num_blocks)
+    num_blocks, num_cpu_blocks = prepare_runner(config, runner)
+    engine = LLMEngine(config, tokenizer, runner, num_blocks, num_cpu_blocks)
     engine.startup_time_s = time.perf_counter() - t0
     logger.info("engine ready in %.1fs: %d KV blocks of %d tokens", engine.startup_time_s, num_blocks,
                 args.block_size)
     return engine
+
+
+def prepare_runner(config: EngineConfig, runner: ModelRunner) -> tuple[int, int]:
+    """Size and allocate the KV pool and the CPU swap space, warm up (CUDA graphs); (device, CPU) blocks."""
+    num_blocks = num_kv_blocks(config, runner)
+    runner.allocate_kv_cache(num_blocks)
+    num_cpu_blocks = min(int(config.cache.swap_space_gib * (1 << 30) // runner.kv_bytes_per_block()), 1 << 20)
+    runner.allocate_swap_space(num_cpu_blocks)
+    runner.warm_up()
+    return num_blocks, num_cpu_blocks
+
+
+def build_core(args: EngineArgs):
+    """In the engine-core process: the core alone (no tokenizer: the front end detokenizes), and what the
+    front end needs to know of it."""
+    from tachyon.engine.core import EngineCore
+
+    t0 = time.perf_counter()
+    device = args.resolve_device()
+    path = model_path(args)
+    config = args.create_engine_config(load_config(path), device)
+    runner = ModelRunner(config, None if args.load_format == "dummy" and path.endswith(".json") else path,
+                         args.load_format)
+    num_blocks, num_cpu_blocks = prepare_runner(config, runner)
+    core = EngineCore(config, runner, num_blocks, num_cpu_blocks)
+    info = {"config": config, "num_kv_blocks": core.kv.num_blocks, "startup_time_s": time.perf_counter() - t0,
+            "timings": dict(runner.timings)}
+    logger.info("engine core ready in %.1fs: %d KV blocks of %d tokens", info["startup_time_s"], num_blocks,
+                args.block_size)
+    return core, info
+
+
+def build_engine_client(args: EngineArgs):
+    """`tachyon serve`: the engine core in its own process, and the client this process talks to it with."""
+    from tachyon.engine.core_client import MPEngineClient
+
+    path = model_path(args)
+    tokenizer = load_tokenizer(args.tokenizer or (None if path.endswith(".json") else path))
+    return MPEngineClient(build_core, args, tokenizer)
 
 
 def model_path(args: EngineArgs) -> str:

@@ -158,8 +158,7 @@ class SchedulerConfig:
     max_num_batched_tokens: int
     max_num_seqs: int
     max_model_len: int
-    # decode-only batches become runs (tachyon.worker.decode_run): up to this many forwards queued on the
-    # device, each fed the previous one's sampled ids there, while the host does the bookkeeping of the oldest
+    # steps that may be in flight on the device at once (a decode's input may be a token still being sampled)
     num_scheduler_steps: int
 
 
@@ -172,6 +171,7 @@ class EngineConfig:
     dtype: torch.dtype
     attention_backend: str  # "torch" or "triton", resolved
     enforce_eager: bool
+    mixed_cuda_graphs: bool  # steps with prefill tokens as piecewise graphs (tachyon.worker.piecewise_graphs)
     seed: int
     enable_pdl: bool  # the runner switches it on only where tachyon.kernels.pdl.supported
     max_n: int  # sequences one request may ask for (n), as OpenAI's API allows

@@ -52,9 +52,12 @@ class EngineArgs:
     attention_backend: str = _knob("auto", "auto: triton on a GPU, torch on the CPU",
                                    choices=["auto", "torch", "triton"])
     enforce_eager: bool = _knob(False, "no CUDA graphs")
-    num_scheduler_steps: int | None = _knob(None, "decode forwards queued on the GPU ahead of the host's "
-                                                  "bookkeeping when no request can be admitted (default: 3 with "
-                                                  "CUDA graphs, else 1 = one forward per round trip)")
+    mixed_cuda_graphs: bool = _knob(True, "replay steps with prefill tokens as piecewise CUDA graphs (all but "
+                                          "attention captured per token-count bucket); off: such steps run "
+                                          "eagerly")
+    num_scheduler_steps: int | None = _knob(None, "steps that may be in flight on the GPU at once: the host "
+                                                  "schedules the next while the device computes (default: 3 with "
+                                                  "CUDA graphs, else 1 = one step per round trip)")
     enable_pdl: bool = _knob(True, "programmatic dependent launch of the Triton kernels (sm_90+ GPUs; off "
                                    "elsewhere)")
     max_n: int = _knob(128, "the largest n (choices per request) a request may ask for; more is a 400")
@@ -120,7 +123,8 @@ class EngineArgs:
             scheduler=SchedulerConfig(max_num_batched_tokens=max(tokens, 1), max_num_seqs=self.max_num_seqs,
                                       max_model_len=max_len,
                                       num_scheduler_steps=max(1, self.num_scheduler_steps or (3 if graphs else 1))),
-            device=device, dtype=dtype, attention_backend=backend, enforce_eager=self.enforce_eager, seed=self.seed,
+            device=device, dtype=dtype, attention_backend=backend, enforce_eager=self.enforce_eager,
+            mixed_cuda_graphs=self.mixed_cuda_graphs and graphs, seed=self.seed,
             enable_pdl=self.enable_pdl and backend == "triton", max_n=self.max_n, max_logprobs=self.max_logprobs,
         )
 

@@ -1,8 +1,12 @@
-"""The engine for a server: the step loop runs in a background thread; each request is an async stream.
+"""The engine for a server: a background thread steps the engine; each request is an async stream.
 
-    asyncio handlers ──add_request──► LLMEngine (thread-safe inbox) ◄──step()── engine thread
-          ▲                                                                       │
-          └──────── per-request asyncio.Queue ◄── loop.call_soon_threadsafe ──────┘
+    asyncio handlers ──add_request──► engine (thread-safe inbox) ◄──step()── engine thread
+          ▲                                                                    │
+          └──────── per-request asyncio.Queue ◄── loop.call_soon_threadsafe ───┘
+
+The engine is an LLMEngine (core and output processor in this process: tests, small setups) or an
+MPEngineClient (the core in its own process: `tachyon serve`), whose step() waits for the core's next
+outputs instead of computing them.
 """
 
 from __future__ import annotations
@@ -15,7 +19,6 @@ from collections.abc import AsyncIterator
 
 import torch
 
-from tachyon.engine.engine import LLMEngine
 from tachyon.outputs import RequestOutput
 from tachyon.sampling_params import SamplingParams
 
@@ -36,7 +39,7 @@ def _deliver(items: list[tuple[asyncio.Queue, RequestOutput]]) -> None:
 
 
 class AsyncEngine:
-    def __init__(self, engine: LLMEngine, max_queued_requests: int | None = None):
+    def __init__(self, engine, max_queued_requests: int | None = None):
         self.engine = engine
         self.max_queued_requests = max_queued_requests
         self._streams: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}
@@ -65,6 +68,7 @@ class AsyncEngine:
         if self._thread is not None:
             self._thread.join(timeout=timeout)
             self._thread = None
+        self.engine.shutdown()
 
     def wake(self) -> None:
         """Have the loop look at the engine now (after an abort from outside a stream, say)."""
@@ -77,12 +81,13 @@ class AsyncEngine:
     def _loop(self) -> None:
         with torch.inference_mode():
             while not self._stop.is_set():
-                if not self.engine.has_unfinished_requests():
-                    self._wake.wait(timeout=0.5)
-                    self._wake.clear()
-                    continue
                 t0 = time.perf_counter()
                 try:
+                    if not self.engine.has_unfinished_requests():
+                        self._wake.wait(timeout=0.5)
+                        self._wake.clear()
+                        self.engine.check_alive()  # a core in its own process may have died while idle
+                        continue
                     outputs = self.engine.step()
                 except BaseException as e:  # the engine is broken: fail every stream, stop
                     logger.exception("engine step failed")
@@ -101,7 +106,7 @@ class AsyncEngine:
         """A step's outputs, one wake-up per event loop (not one per request: each costs a syscall and a
         trip through the loop, 256 per step at full batch)."""
         batches: dict[asyncio.AbstractEventLoop, list] = {}
-        groups = self.engine.groups
+        states = self.engine.processor.states
         for out in outputs:
             entry = self._streams.get(out.request_id)
             if entry is None:
@@ -109,9 +114,9 @@ class AsyncEngine:
             if out.finished:
                 self._streams.pop(out.request_id, None)
             else:  # no more outputs for this stream until its reader has taken this one (see generate)
-                g = groups.get(out.request_id)
-                if g is not None:
-                    g.stream = False
+                st = states.get(out.request_id)
+                if st is not None:
+                    st.stream = False
             batches.setdefault(entry[0], []).append((entry[1], out))
         for loop, items in batches.items():
             try:
@@ -164,9 +169,9 @@ class AsyncEngine:
                 # lets a busy event loop catch up instead of falling further behind.
                 while not q.empty() and isinstance(item, RequestOutput) and not item.finished:
                     item = q.get_nowait()
-                g = self.engine.groups.get(request_id)
-                if g is not None and stream:  # taken: the engine may make the next output (a plain flag, no lock)
-                    g.stream = True
+                st = self.engine.processor.states.get(request_id)
+                if st is not None and stream:  # taken: the engine may make the next output (a plain flag, no lock)
+                    st.stream = True
                 if isinstance(item, BaseException):
                     raise EngineDeadError(f"the engine stopped after an error: {item!r}")
                 yield item

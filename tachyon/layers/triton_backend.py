@@ -33,16 +33,18 @@ class TritonAttentionBackend:
 
     def forward(self, q, k, v, k_cache, v_cache, meta: AttentionMetadata, scale: float) -> torch.Tensor:
         write_kv(k, v, k_cache, v_cache, meta.slot_mapping)
-        return self._attend(q, k_cache, v_cache, meta, scale)
+        return self.attend(q, k_cache, v_cache, meta, scale)
 
     def forward_rotary(self, positions, cos_sin_cache, q, k, v, k_cache, v_cache, meta: AttentionMetadata,
                        scale: float) -> torch.Tensor:
         """Rotary embedding and the KV write in one kernel, then attention (one launch fewer per layer)."""
         rotary_write_kv(positions, q, k, v, cos_sin_cache, k_cache, v_cache, meta.slot_mapping)
-        return self._attend(q, k_cache, v_cache, meta, scale)
+        return self.attend(q, k_cache, v_cache, meta, scale)
 
-    def _attend(self, q, k_cache, v_cache, meta: AttentionMetadata, scale: float) -> torch.Tensor:
-        out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    def attend(self, q, k_cache, v_cache, meta: AttentionMetadata, scale: float,
+                out: torch.Tensor | None = None) -> torch.Tensor:
+        if out is None:
+            out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
         nd = meta.num_decodes
         num_seqs = meta.seq_lens.shape[0]
         if nd > 0:

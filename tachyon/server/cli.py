@@ -35,6 +35,9 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
                    help="answer 429 when this many requests are already waiting (default: no limit)")
     g.add_argument("--shutdown-timeout", type=float, default=30.0,
                    help="seconds running requests get to finish after SIGTERM before they are aborted")
+    g.add_argument("--engine-process", action=argparse.BooleanOptionalAction, default=True,
+                   help="run the engine core in its own process, so HTTP, tokenization and streaming never hold "
+                        "it back (--no-engine-process: one process, for debugging)")
     g.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
     g.add_argument("--uvicorn-log-level", default="warning",
                    choices=["critical", "error", "warning", "info", "debug", "trace"])
@@ -56,12 +59,13 @@ def served_model_name(model: str | None, override: str | None = None) -> str:
 
 def build_app(args: argparse.Namespace):
     """The engine (from the engine flags) and the app around it."""
-    from tachyon.build import build_engine
+    from tachyon.build import build_engine, build_engine_client
     from tachyon.engine.async_engine import AsyncEngine
     from tachyon.engine_args import EngineArgs
     from tachyon.server.app import create_app
 
-    engine = build_engine(EngineArgs.from_cli_args(args))
+    engine_args = EngineArgs.from_cli_args(args)
+    engine = build_engine_client(engine_args) if args.engine_process else build_engine(engine_args)
     async_engine = AsyncEngine(engine, max_queued_requests=args.max_queued_requests)
     name = served_model_name(args.model, args.served_model_name)
     body_mb = args.max_request_body_mb

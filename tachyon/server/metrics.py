@@ -52,32 +52,32 @@ class EngineCollector:
         return family
 
     def collect(self):
-        e, sched, kv = self.engine, self.engine.scheduler, self.engine.kv
+        st = self.engine.stats()
         m = ["model_name"]
         yield self._one(GaugeMetricFamily("tachyon:num_requests_running", "Sequences in the running batch.",
-                                          labels=m), len(sched.running))
+                                          labels=m), st.num_running)
         yield self._one(GaugeMetricFamily("tachyon:num_requests_waiting", "Sequences waiting to be scheduled "
                                           "(including preempted ones).", labels=m),
-                        e.num_waiting)
+                        self.engine.num_waiting)
         yield self._one(GaugeMetricFamily("tachyon:kv_cache_usage_perc", "Fraction of KV-cache blocks in use "
-                                          "(1 = full).", labels=m), kv.usage)
+                                          "(1 = full).", labels=m), st.kv_cache_usage)
         yield self._one(GaugeMetricFamily("tachyon:kv_cache_num_blocks", "KV-cache blocks in the pool.",
-                                          labels=m), kv.num_blocks)
+                                          labels=m), st.num_kv_blocks)
         yield self._one(CounterMetricFamily("tachyon:prefix_cache_queries", "Prompt tokens looked up in the "
-                                            "prefix cache.", labels=m), kv.prefix_queries)
+                                            "prefix cache.", labels=m), st.prefix_cache_queries)
         yield self._one(CounterMetricFamily("tachyon:prefix_cache_hits", "Prompt tokens found in the prefix "
-                                            "cache.", labels=m), kv.prefix_hits)
+                                            "cache.", labels=m), st.prefix_cache_hits)
         yield self._one(CounterMetricFamily("tachyon:num_preemptions", "Sequences preempted for lack of KV "
-                                            "blocks.", labels=m), sched.num_preemptions)
+                                            "blocks.", labels=m), st.num_preemptions)
         by_mode = CounterMetricFamily("tachyon:num_preemptions_by_mode", "Preemptions by how the KV was "
                                       "given back: swap (to CPU memory) or recompute.", labels=m + ["mode"])
-        by_mode.add_metric([self.model_name, "swap"], sched.num_swapped_out)
-        by_mode.add_metric([self.model_name, "recompute"], sched.num_recomputed)
+        by_mode.add_metric([self.model_name, "swap"], st.num_swapped_out)
+        by_mode.add_metric([self.model_name, "recompute"], st.num_recomputed)
         yield by_mode
         yield self._one(CounterMetricFamily("tachyon:prompt_tokens", "Prompt tokens admitted.", labels=m),
-                        e.stats["prompt_tokens"])
+                        st.prompt_tokens)
         yield self._one(CounterMetricFamily("tachyon:generation_tokens", "Tokens generated.", labels=m),
-                        e.stats["generation_tokens"])
+                        st.generation_tokens)
 
 
 @dataclass
@@ -154,11 +154,6 @@ class ServerMetrics:
     def _first_scheduled(self, out: RequestOutput, step_start: float, num_tokens: int) -> float | None:
         if out.metrics.first_scheduled_time is not None:
             return out.metrics.first_scheduled_time
-        group = self.engine.groups.get(out.request_id)  # the per-sequence metrics hold it
-        if group is not None:
-            times = [s.metrics.first_scheduled_time for s in group.seqs if s.metrics.first_scheduled_time]
-            if times:
-                return min(times)
         return step_start if num_tokens else None  # finished in its first step: scheduled when it began
 
     def _observe_finished(self, out: RequestOutput, first_scheduled: float | None, now: float) -> None:

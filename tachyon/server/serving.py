@@ -115,7 +115,7 @@ class OpenAIServing:
 
     def abort_all(self) -> None:
         """Abort every request in the engine (shutdown); thread-safe. Their streams end with "abort"."""
-        for request_id in list(self.engine.groups):
+        for request_id in self.engine.request_ids():
             self.engine.abort_request(request_id)  # the loop is stepping while requests are live: no wake
 
     def _sampling_params(self, req, max_tokens: int | None, logprobs: int | None,
@@ -259,7 +259,7 @@ class OpenAIServing:
     async def _run(self, job: _Job, http: HTTPRequest) -> Response:
         if job.params.max_tokens is None:  # "up to the context": but no further than the KV cache holds
             longest = max(len(ids) for _, ids in job.prompts)
-            room = self.engine.kv.num_blocks * self.engine.kv.block_size - longest
+            room = self.engine.num_kv_blocks * self.engine.config.cache.block_size - longest
             if longest < self.engine.config.scheduler.max_model_len and 0 < room < (
                     self.engine.config.scheduler.max_model_len - longest):
                 job.params.max_tokens = room

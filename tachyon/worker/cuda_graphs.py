@@ -1,5 +1,6 @@
 """CUDA graphs for decode steps: one graph per captured batch size; a batch is padded up to the next size.
 
+
 Padding rows have slot -1 (their K/V are not written) and seq_len 0 (decode attention writes zeros for
 them), so they cost a little arithmetic and touch nothing. The graphs read fixed input buffers; a replay
 copies the step's arrays into them first. Attention's split count is fixed at capture by max_model_len.
@@ -113,42 +114,29 @@ class CudaGraphs:
         """The captured size a batch of this many sequences runs at."""
         return self.sizes[bisect.bisect_left(self.sizes, batch)]
 
-    def replay_decode(self, ids, positions: np.ndarray, slots: np.ndarray, seq_lens: np.ndarray,
-                      block_tables: np.ndarray | None) -> torch.Tensor:
-        """One decode step (of a decode run, tachyon.worker.decode_run, or alone): ids are a host array or the
-        previous step's sampled ids on the device; block_tables only when they changed since. Each call
-        stages through its own pinned buffer, so steps can be queued while earlier copies are pending.
-        Returns logits [B, vocab]."""
+    def replay(self, input_ids: torch.Tensor, positions: np.ndarray, slots: np.ndarray, seq_lens: np.ndarray,
+               block_tables: np.ndarray) -> torch.Tensor:
+        """One decode step: input_ids [B] on the device (some may be the ids a step in flight samples), the
+        rest host arrays. Each call stages through its own pinned buffer, so steps can be queued while
+        earlier copies are pending. Returns logits [B, vocab]."""
         B = len(positions)
         bs = self.padded(B)
-        stage = torch.empty(4, bs, dtype=torch.long, pin_memory=True)
+        stage = torch.empty(3, bs, dtype=torch.long, pin_memory=True)
         st = stage.numpy()
-        host_ids = isinstance(ids, np.ndarray)
-        st[0] = 0
-        if host_ids:
-            st[0, :B] = ids
-        st[1, :B] = positions
-        st[1, B:] = 0
-        st[2, :B] = slots
-        st[2, B:] = -1
-        st[3, :B] = seq_lens
-        st[3, B:] = 0
+        st[0, :B] = positions
+        st[0, B:] = 0
+        st[1, :B] = slots
+        st[1, B:] = -1
+        st[2, :B] = seq_lens
+        st[2, B:] = 0
         dev = self.input_ids.device
         staged = stage.to(dev, non_blocking=True)
-        if host_ids:
-            self.input_ids[:bs].copy_(staged[0])
-        else:
-            self.input_ids[:B].copy_(ids)
-        self.positions[:bs].copy_(staged[1])
-        self.slot_mapping[:bs].copy_(staged[2])
-        self.seq_lens[:bs].copy_(staged[3])
-        if block_tables is not None:
-            nb = block_tables.shape[1]
-            bt = torch.from_numpy(block_tables).pin_memory()
-            self.block_tables[:B, :nb].copy_(bt.to(dev, non_blocking=True))
+        self.input_ids[:B].copy_(input_ids)
+        self.positions[:bs].copy_(staged[0])
+        self.slot_mapping[:bs].copy_(staged[1])
+        self.seq_lens[:bs].copy_(staged[2])
+        nb = block_tables.shape[1]
+        bt = torch.from_numpy(block_tables).pin_memory()
+        self.block_tables[:B, :nb].copy_(bt.to(dev, non_blocking=True))
         self.graphs[bs].replay()
         return self.logits[:B]
-
-    def replay(self, x) -> torch.Tensor:
-        """x: StepInputs of a decode-only batch. Returns logits [batch, vocab]."""
-        return self.replay_decode(x.input_ids, x.positions, x.slot_mapping, x.seq_lens, x.block_tables)

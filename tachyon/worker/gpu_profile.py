@@ -2,12 +2,25 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
 import torch
 
-from tachyon.engine.request import Request
-from tachyon.engine.scheduler import ScheduledSeq
-from tachyon.outputs import RequestMetrics
+from tachyon.interface import ScheduledSeq, SchedulerOutput
 from tachyon.sampling_params import SamplingParams
+
+
+@dataclass(eq=False)
+class _ProfileSeq:
+    """What the runner reads of a sequence, for a step that only measures memory."""
+
+    token_ids: list[int]
+    block_ids: list[int]
+    sampling_params: SamplingParams
+    generator: None = None
+    eos_token_ids: frozenset = frozenset()
+    num_prompt_tokens: int = 0
+    output_token_ids: list[int] = field(default_factory=list)
 
 
 @torch.inference_mode()
@@ -33,15 +46,11 @@ def profile_num_blocks(runner) -> int:
         if n == 0:
             continue
         nblocks = -(-n // bs)
-        r = Request(request_id=f"profile-{i}", group_id="profile", index=0, prompt_token_ids=[1] * n,
-                    sampling_params=sp, max_tokens=1, eos_token_ids=frozenset(), metrics=RequestMetrics(0.0))
-        r.block_ids = list(range(next_block, next_block + nblocks))
+        r = _ProfileSeq([1] * n, list(range(next_block, next_block + nblocks)), sp, num_prompt_tokens=n)
         next_block += nblocks
         reqs.append(r)
-        seqs.append(ScheduledSeq(r, n, True))
-    from tachyon.engine.scheduler import SchedulerOutput
-
-    runner.execute(SchedulerOutput(seqs=seqs))
+        seqs.append(ScheduledSeq(r, 0, n, True))
+    runner.collect(runner.submit(SchedulerOutput(seqs=seqs)))
     torch.cuda.synchronize()
     peak = torch.cuda.max_memory_allocated()
     scratch = runner._kv.numel() * runner._kv.element_size()

@@ -1,24 +1,30 @@
-"""Turns a scheduled step into tensors, runs one forward over the packed batch, samples.
+"""Turns a scheduled step into tensors, queues one forward over the packed batch and its sampling, and hands
+the sampled tokens over when the host collects them (the runner side of tachyon.interface).
 
-Decodes (one new token) go first in the batch, then prefill chunks, as the attention kernels expect.
+Decodes (one new token) go first in the batch, then prefill chunks, as the attention kernels expect. A
+decode whose input token is still being sampled by a step in flight reads it from that step's ids on the
+device, so steps are queued back to back without the host in between.
 """
 
 from __future__ import annotations
 
+import logging
 import time
+import weakref
+from collections import deque
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 
 from tachyon.config import EngineConfig, kv_cache_bytes_per_token
-from tachyon.engine.request import Request
-from tachyon.engine.scheduler import ScheduledSeq, SchedulerOutput
+from tachyon.interface import ModelRunnerOutput, ScheduledSeq, SchedulerOutput
 from tachyon.layers.attention import AttentionMetadata, get_attention_backend
 from tachyon.models.loader import iter_weights, random_weights_
 from tachyon.models.registry import model_class
-from tachyon.worker.sampler import Sampler, SamplerOutput
+from tachyon.worker.sampler import DeviceSample, Sampler
 
+logger = logging.getLogger("tachyon")
 
 @dataclass
 class StepInputs:
@@ -33,7 +39,18 @@ class StepInputs:
     num_decodes: int
     q_lens: list[int]
     logits_indices: np.ndarray
-    sample_reqs: list[Request]
+    sample_reqs: list
+    num_outputs: list[int]  # per sampled row: output tokens before the one it samples
+    placeholders: list[tuple[int, object]]  # (token index in the batch, sequence) whose id is on the device
+
+
+@dataclass
+class _InFlight:
+    """A submitted step: what collect waits for."""
+
+    reqs: list
+    sample: DeviceSample | None  # on the host side: pinned copies (CUDA) or the tensors themselves (CPU)
+    event: torch.cuda.Event | None
 
 
 class ModelRunner:
@@ -60,7 +77,12 @@ class ModelRunner:
         self.kv_caches: list[tuple[torch.Tensor, torch.Tensor]] = []
         self.num_blocks = 0
         self.cuda_graphs = None  # tachyon.worker.cuda_graphs.CudaGraphs once captured
+        self.piecewise_graphs = None  # tachyon.worker.piecewise_graphs.PiecewiseGraphs once captured
         self.timings: dict[str, float] = {"load_weights_s": self.load_time_s}
+        self._in_flight: deque[_InFlight] = deque()
+        # the device ids each sequence's latest sampled token sits in (read by a step queued behind it)
+        self._sampled_on_device: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+        self.swap_buffer: torch.Tensor | None = None
         self.pdl = False
         if config.attention_backend == "triton":
             from tachyon.kernels import pdl
@@ -70,7 +92,7 @@ class ModelRunner:
             self.pdl = config.enable_pdl and pdl.supported(self.device)
             pdl.enable(False)
         if self.device.type == "cuda" and config.attention_backend == "triton":
-            from tachyon.kernels.attention_backend import install_fused_ops
+            from tachyon.layers.triton_backend import install_fused_ops
 
             install_fused_ops(self.model)
 
@@ -86,6 +108,18 @@ class ModelRunner:
         self.kv_caches = [(self._kv[i, 0], self._kv[i, 1]) for i in range(m.num_layers)]
         self.num_blocks = num_blocks
 
+    def allocate_swap_space(self, num_cpu_blocks: int) -> None:
+        """Host memory for preempted sequences' KV ([layers, 2, cpu blocks, block, heads, dim]), pinned on a GPU."""
+        if num_cpu_blocks <= 0:
+            self.swap_buffer = None
+            return
+        m = self.config.model
+        self.swap_buffer = torch.empty((m.num_layers, 2, num_cpu_blocks, self.block_size, m.num_kv_heads, m.head_dim),
+                                       dtype=self.dtype, pin_memory=self.device.type == "cuda")
+
+    def request_generator(self, seed: int) -> torch.Generator:
+        return self.sampler.request_generator(seed)
+
     # -- one step ---------------------------------------------------------------------------------------
     def prepare(self, seqs: list[ScheduledSeq]) -> StepInputs:
         """Host-side batch arrays, decodes first (stable order otherwise)."""
@@ -93,23 +127,34 @@ class ModelRunner:
         ordered = sorted(seqs, key=lambda s: s.num_new_tokens != 1)
         S = len(ordered)
         q_lens = np.fromiter((s.num_new_tokens for s in ordered), dtype=np.int64, count=S)
-        starts = np.fromiter((s.req.num_computed_tokens for s in ordered), dtype=np.int64, count=S)
+        starts = np.fromiter((s.start for s in ordered), dtype=np.int64, count=S)
         T = int(q_lens.sum())
         num_decodes = int(np.argmax(q_lens != 1)) if (q_lens != 1).any() else S
-        max_blocks = max(len(s.req.block_ids) for s in ordered)
+        max_blocks = max(len(s.seq.block_ids) for s in ordered)
         block_tables = np.zeros((S, max_blocks), dtype=np.int32)
+        placeholders = []
         for i, s in enumerate(ordered):
-            block_tables[i, : len(s.req.block_ids)] = s.req.block_ids
+            block_tables[i, : len(s.seq.block_ids)] = s.seq.block_ids
         if num_decodes == S:  # the common case: one token each, no per-token Python loop
-            input_ids = np.fromiter((s.req.token_ids[s.req.num_computed_tokens] for s in ordered), dtype=np.int64,
-                                    count=S)
+            input_ids = np.zeros(S, dtype=np.int64)
+            for i, s in enumerate(ordered):
+                toks = s.seq.token_ids
+                if s.start < len(toks):
+                    input_ids[i] = toks[s.start]
+                else:
+                    placeholders.append((i, s.seq))
             positions = starts
         else:
-            input_ids = np.empty(T, dtype=np.int64)
+            input_ids = np.zeros(T, dtype=np.int64)
             positions = np.empty(T, dtype=np.int64)
             o = 0
-            for s, st, n in zip(ordered, starts.tolist(), q_lens.tolist()):
-                input_ids[o:o + n] = s.req.token_ids[st:st + n]
+            for s, st, n in zip(ordered, starts.tolist(), q_lens.tolist(), strict=True):
+                toks = s.seq.token_ids
+                known = max(0, min(n, len(toks) - st))
+                input_ids[o:o + known] = toks[st:st + known]
+                if known < n:  # only a decode's single token can be pending (a step in flight samples it)
+                    assert n - known == 1, "a step's input may lack at most its last token"
+                    placeholders.append((o + known, s.seq))
                 positions[o:o + n] = np.arange(st, st + n)
                 o += n
         seq_idx = np.repeat(np.arange(S), q_lens)
@@ -121,13 +166,33 @@ class ModelRunner:
             input_ids=input_ids, positions=positions, slot_mapping=slots, query_start_loc=qsl,
             seq_lens=(starts + q_lens).astype(np.int32), block_tables=block_tables, num_decodes=num_decodes,
             q_lens=q_lens.tolist(), logits_indices=(qsl[1:][sample] - 1).astype(np.int64),
-            sample_reqs=[ordered[i].req for i in sample])
+            sample_reqs=[ordered[i].seq for i in sample],
+            num_outputs=[ordered[i].start + ordered[i].num_new_tokens - ordered[i].seq.num_prompt_tokens
+                         for i in sample],
+            placeholders=placeholders)
 
     def _to_device(self, a: np.ndarray) -> torch.Tensor:
         t = torch.from_numpy(a)
         if self.device.type == "cuda":
             return t.pin_memory().to(self.device, non_blocking=True)
         return t
+
+    def _input_ids(self, x: StepInputs) -> torch.Tensor:
+        """The step's input ids on the device, pending ones taken from the steps in flight that sample them."""
+        ids = self._to_device(x.input_ids)
+        if not x.placeholders:
+            return ids
+        by_source: dict[int, tuple[torch.Tensor, list[int], list[int]]] = {}
+        for dst, seq in x.placeholders:
+            src, row = self._sampled_on_device[seq]
+            by_source.setdefault(id(src), (src, [], []))
+            by_source[id(src)][1].append(dst)
+            by_source[id(src)][2].append(row)
+        if self.device.type != "cuda":
+            ids = ids.clone()  # from_numpy shares the host array
+        for src, dst, rows in by_source.values():
+            ids[self._to_device(np.array(dst, dtype=np.int64))] = src[self._to_device(np.array(rows, dtype=np.int64))]
+        return ids
 
     def _metadata(self, x: StepInputs) -> AttentionMetadata:
         s_lens = x.seq_lens.tolist()
@@ -138,27 +203,60 @@ class ModelRunner:
             query_lens_cpu=x.q_lens, seq_lens_cpu=s_lens)
 
     @torch.inference_mode()
-    def execute(self, out: SchedulerOutput) -> tuple[list[Request], SamplerOutput | None]:
-        x = self.prepare(out.seqs)
+    def submit(self, sched: SchedulerOutput) -> _InFlight:
+        """Queue one step: swap copies, the forward, the sampling. Returns without waiting for the device."""
+        if sched.swap_out:
+            dev, cpu = zip(*sched.swap_out, strict=True)
+            self.swap_buffer[:, :, list(cpu)] = self._kv[:, :, list(dev)].to(self.swap_buffer.device)
+        if sched.swap_in:
+            cpu, dev = zip(*sched.swap_in, strict=True)
+            self._kv[:, :, list(dev)] = self.swap_buffer[:, :, list(cpu)].to(self.device, non_blocking=True)
+        x = self.prepare(sched.seqs)
+        input_ids = self._input_ids(x)
         graphs = self.cuda_graphs
         if graphs is not None and x.num_decodes == len(x.q_lens) and graphs.fits(len(x.q_lens)):
-            logits = graphs.replay(x)
-            logits = logits[torch.from_numpy(x.logits_indices).to(self.device)] if len(x.sample_reqs) != len(x.q_lens) else logits
+            logits = graphs.replay(input_ids, x.positions, x.slot_mapping, x.seq_lens, x.block_tables)
+            if len(x.sample_reqs) != len(x.q_lens):
+                logits = logits[self._to_device(x.logits_indices)]
         else:
-            hidden = self.model(self._to_device(x.input_ids), self._to_device(x.positions), self.kv_caches,
-                                self._metadata(x), self.backend)
-            if not x.sample_reqs:
-                return x.sample_reqs, None
-            logits = self.model.compute_logits(hidden[self._to_device(x.logits_indices)])
-        if not x.sample_reqs:
-            return x.sample_reqs, None
-        return x.sample_reqs, self.sampler(logits, x.sample_reqs)
+            pw = self.piecewise_graphs
+            if pw is not None and pw.fits(len(x.positions)):
+                hidden = pw.replay(input_ids, x.positions, x.slot_mapping, self._metadata(x))
+            else:
+                hidden = self.model(input_ids, self._to_device(x.positions), self.kv_caches, self._metadata(x),
+                                    self.backend)
+            logits = self.model.compute_logits(hidden[self._to_device(x.logits_indices)]) if x.sample_reqs else None
+        handle = _InFlight(x.sample_reqs, None, None)
+        if x.sample_reqs:
+            sample = self.sampler.sample(logits, x.sample_reqs, x.num_outputs)
+            for row, seq in enumerate(x.sample_reqs):
+                self._sampled_on_device[seq] = (sample.token_ids, row)
+            if self.device.type == "cuda":  # the copies and their event queue right behind this step's sampling
+                host = [torch.empty(t.shape, dtype=t.dtype, pin_memory=True) for t in sample.tensors()]
+                for h, t in zip(host, sample.tensors(), strict=True):
+                    h.copy_(t, non_blocking=True)
+                handle.sample = sample.with_tensors(host)
+                handle.event = torch.cuda.Event()
+                handle.event.record()
+            else:
+                handle.sample = sample
+        self._in_flight.append(handle)
+        return handle
 
-    def start_decode_run(self, sched: SchedulerOutput):
-        """A decode-only batch as a run of forwards queued ahead of the host (tachyon.worker.decode_run)."""
-        from tachyon.worker.decode_run import DecodeRun
+    def collect(self, handle: _InFlight) -> ModelRunnerOutput | None:
+        """The sampled tokens of a submitted step (the oldest one not yet collected); waits for it to land."""
+        oldest = self._in_flight.popleft()
+        assert oldest is handle, "steps are collected in the order they were submitted"
+        if handle.sample is None:
+            return None
+        if handle.event is not None:
+            handle.event.synchronize()
+        out = handle.sample.to_output()
+        return ModelRunnerOutput(handle.reqs, out.token_ids, out.logprobs, out.sampled_logprobs)
 
-        return DecodeRun(self, sched)
+    def drop_in_flight(self) -> None:
+        """Forget every step not yet collected (after a failure the engine cannot pin on one request)."""
+        self._in_flight.clear()
 
     # -- GPU: memory profile, warm-up, CUDA graphs ----------------------------------------------------------
     @torch.inference_mode()
@@ -192,6 +290,17 @@ class ModelRunner:
         self.cuda_graphs = CudaGraphs.capture(self)
         torch.cuda.synchronize()
         self.timings["cuda_graph_capture_s"] = time.perf_counter() - t0
+        if self.config.mixed_cuda_graphs:
+            from tachyon.worker.piecewise_graphs import PiecewiseGraphs
+
+            t0 = time.perf_counter()
+            try:
+                self.piecewise_graphs = PiecewiseGraphs.capture(self)
+            except Exception:  # a start-up that works beats a faster one that does not
+                logger.exception("capturing piecewise CUDA graphs failed; steps with prefill tokens run eagerly")
+                self.piecewise_graphs = None
+                torch.cuda.synchronize()
+            self.timings["piecewise_graph_capture_s"] = time.perf_counter() - t0
 
     def _compile_decode_variants(self) -> None:
         """Eager steps pick the decode split count from the batch; compile every variant now, not mid-run."""
@@ -204,11 +313,3 @@ class ModelRunner:
         lens = torch.ones(1, dtype=torch.int32, device=self.device)
         for splits in (1, 2, 4, 8, 16, 32, 64):  # plain launches (PDL is only ever on inside graph captures)
             decode_attention(q, k_cache, v_cache, bt, lens, 1.0, 64, num_splits=splits)
-
-    # -- swap space support --------------------------------------------------------------------------------
-    def copy_blocks_to(self, src_ids: list[int], dst: torch.Tensor, dst_ids: list[int]) -> None:
-        """Device blocks -> a host buffer of shape [layers, 2, n, block, heads, dim]."""
-        dst[:, :, dst_ids] = self._kv[:, :, src_ids].to(dst.device)
-
-    def copy_blocks_from(self, src: torch.Tensor, src_ids: list[int], dst_ids: list[int]) -> None:
-        self._kv[:, :, dst_ids] = src[:, :, src_ids].to(self.device, non_blocking=True)

@@ -8,10 +8,12 @@ samples does not depend on what else is in the batch.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
-from tachyon.engine.request import Request
+Sequence = Any  # tachyon.engine.sequence.Sequence: sampling_params, token_ids, output_token_ids, eos_token_ids,
+                # generator (the sampler reads nothing else)
 
 _NEG_INF = float("-inf")
 
@@ -22,6 +24,47 @@ class SamplerOutput:
     # per row: {token_id: logprob} of the top-N and the sampled token, or None
     logprobs: list[dict[int, float] | None]
     sampled_logprobs: list[float | None]
+
+
+@dataclass
+class DeviceSample:
+    """One step's sampling, still on the device (nothing has waited for it)."""
+
+    token_ids: torch.Tensor  # [S]
+    want_logprobs: list[int | None]
+    chosen: torch.Tensor | None = None  # [S] logprob of each sampled token
+    top_vals: torch.Tensor | None = None  # [S, k]
+    top_ids: torch.Tensor | None = None
+
+    def tensors(self) -> list[torch.Tensor]:
+        return [t for t in (self.token_ids, self.chosen, self.top_vals, self.top_ids) if t is not None]
+
+    def with_tensors(self, ts: list[torch.Tensor]) -> DeviceSample:
+        it = iter(ts)
+        pick = lambda t: None if t is None else next(it)  # noqa: E731
+        return DeviceSample(pick(self.token_ids), self.want_logprobs, pick(self.chosen), pick(self.top_vals),
+                            pick(self.top_ids))
+
+    def to_output(self) -> SamplerOutput:
+        """The host lists (waits for the device if the tensors live there)."""
+        token_list = self.token_ids.tolist()
+        S = len(token_list)
+        out_lp: list[dict[int, float] | None] = [None] * S
+        sampled_lp: list[float | None] = [None] * S
+        if self.chosen is not None:
+            chosen = self.chosen.tolist()
+            top_vals = self.top_vals.tolist() if self.top_vals is not None else None
+            top_ids = self.top_ids.tolist() if self.top_ids is not None else None
+            for i, n in enumerate(self.want_logprobs):
+                if n is None:
+                    continue
+                d = {token_list[i]: chosen[i]}
+                if n > 0:
+                    for tid, v in zip(top_ids[i][:n], top_vals[i][:n]):
+                        d.setdefault(tid, v)
+                out_lp[i] = d
+                sampled_lp[i] = chosen[i]
+        return SamplerOutput(token_list, out_lp, sampled_lp)
 
 
 class Sampler:
@@ -36,54 +79,42 @@ class Sampler:
         g.manual_seed(seed)
         return g
 
-    @staticmethod
-    def needs_history(req: Request) -> bool:
-        """Whether sampling this request reads its token history or returns more than ids (penalties,
-        min_tokens still pending, logprobs): such steps need the host between forwards."""
-        sp = req.sampling_params
-        return (sp.repetition_penalty != 1.0 or sp.presence_penalty != 0.0 or sp.frequency_penalty != 0.0
-                or sp.logprobs is not None or req.num_output_tokens < sp.min_tokens)
-
-    def sample_tokens(self, logits: torch.Tensor, reqs: list[Request]) -> torch.Tensor:
-        """The sampled ids as a device tensor [S] (no host sync)."""
+    def sample_tokens(self, logits: torch.Tensor, reqs: list[Sequence],
+                      num_outputs: list[int] | None = None) -> torch.Tensor:
+        """The sampled ids as a device tensor [S] (no host sync). num_outputs: each row's output tokens before
+        the one sampled now (default: those its sequence knows; a step queued ahead counts pending ones)."""
         logits = logits[:, : self.vocab_size]
         logits = self._apply_penalties(logits, reqs)
-        logits = self._mask_stop_before_min_tokens(logits, reqs)
+        if num_outputs is None:
+            num_outputs = [r.num_output_tokens for r in reqs]
+        logits = self._mask_stop_before_min_tokens(logits, reqs, num_outputs)
         greedy = [r.sampling_params.greedy for r in reqs]
         if all(greedy):
             return logits.argmax(dim=-1)
         return self._sample_random(logits, reqs, greedy)
 
-    def __call__(self, logits: torch.Tensor, reqs: list[Request]) -> SamplerOutput:
-        """logits: [S, V] float32 (one row per sequence that samples this step), rows in `reqs` order."""
+    def sample(self, logits: torch.Tensor, reqs: list[Sequence], num_outputs: list[int] | None = None
+               ) -> DeviceSample:
+        """logits: [S, V] float32 (one row per sequence that samples this step), rows in `reqs` order. Ids and
+        logprobs stay on the device (DeviceSample.to_output brings them over)."""
         logits = logits[:, : self.vocab_size]
-        S = logits.shape[0]
         want_logprobs = [r.sampling_params.logprobs for r in reqs]
         raw_logprobs = torch.log_softmax(logits, dim=-1) if any(n is not None for n in want_logprobs) else None
-        tokens = self.sample_tokens(logits, reqs)
-        token_list = tokens.tolist()
-
-        out_lp: list[dict[int, float] | None] = [None] * S
-        sampled_lp: list[float | None] = [None] * S
+        tokens = self.sample_tokens(logits, reqs, num_outputs)
+        out = DeviceSample(tokens, want_logprobs)
         if raw_logprobs is not None:
             k = max(n or 0 for n in want_logprobs)
-            top_vals, top_ids = (raw_logprobs.topk(k, dim=-1) if k > 0 else (None, None))
-            chosen = raw_logprobs.gather(1, tokens.view(-1, 1)).squeeze(1).tolist()
-            top_vals = top_vals.tolist() if k > 0 else None
-            top_ids = top_ids.tolist() if k > 0 else None
-            for i, n in enumerate(want_logprobs):
-                if n is None:
-                    continue
-                d = {token_list[i]: chosen[i]}
-                if n > 0:
-                    for tid, v in zip(top_ids[i][:n], top_vals[i][:n]):
-                        d.setdefault(tid, v)
-                out_lp[i] = d
-                sampled_lp[i] = chosen[i]
-        return SamplerOutput(token_list, out_lp, sampled_lp)
+            if k > 0:
+                out.top_vals, out.top_ids = raw_logprobs.topk(k, dim=-1)
+            out.chosen = raw_logprobs.gather(1, tokens.view(-1, 1)).squeeze(1)
+        return out
+
+    def __call__(self, logits: torch.Tensor, reqs: list[Sequence], num_outputs: list[int] | None = None
+                 ) -> SamplerOutput:
+        return self.sample(logits, reqs, num_outputs).to_output()
 
     # -- logits processing ----------------------------------------------------------------------------------
-    def _apply_penalties(self, logits: torch.Tensor, reqs: list[Request]) -> torch.Tensor:
+    def _apply_penalties(self, logits: torch.Tensor, reqs: list[Sequence]) -> torch.Tensor:
         rows = [i for i, r in enumerate(reqs) if (r.sampling_params.repetition_penalty != 1.0
                                                   or r.sampling_params.presence_penalty != 0.0
                                                   or r.sampling_params.frequency_penalty != 0.0)]
@@ -106,11 +137,12 @@ class Sampler:
                     row -= sp.frequency_penalty * counts + sp.presence_penalty * (counts > 0).to(row.dtype)
         return logits
 
-    def _mask_stop_before_min_tokens(self, logits: torch.Tensor, reqs: list[Request]) -> torch.Tensor:
+    def _mask_stop_before_min_tokens(self, logits: torch.Tensor, reqs: list[Sequence],
+                                     num_outputs: list[int]) -> torch.Tensor:
         cloned = False
         for i, r in enumerate(reqs):
             sp = r.sampling_params
-            if r.num_output_tokens < sp.min_tokens:
+            if num_outputs[i] < sp.min_tokens:
                 banned = set(sp.stop_token_ids)
                 if not sp.ignore_eos:
                     banned |= r.eos_token_ids
@@ -120,11 +152,11 @@ class Sampler:
                     logits[i, torch.tensor(sorted(banned), device=logits.device)] = _NEG_INF
         return logits
 
-    def _sample_random(self, logits: torch.Tensor, reqs: list[Request], greedy: list[bool]) -> torch.Tensor:
+    def _sample_random(self, logits: torch.Tensor, reqs: list[Sequence], greedy: list[bool]) -> torch.Tensor:
         S, V = logits.shape
         params = [r.sampling_params for r in reqs]
         dev = logits.device
-        temp = torch.tensor([1.0 if g else sp.temperature for g, sp in zip(greedy, params)], device=dev)
+        temp = torch.tensor([1.0 if g else sp.temperature for g, sp in zip(greedy, params, strict=True)], device=dev)
         x = logits / temp.unsqueeze(1)
         top_k = [sp.top_k for sp in params]
         if any(k > 0 for k in top_k):

@@ -162,10 +162,10 @@ def test_engine_failure_is_a_500_for_that_request_only(server, http):
     sampler = server.engine.runner.sampler
     real = sampler.sample_tokens
 
-    def sample_tokens(logits, reqs):
+    def sample_tokens(logits, reqs, num_outputs=None):
         if any(r.sampling_params.seed == 666 for r in reqs):
             raise RuntimeError("injected fault")
-        return real(logits, reqs)
+        return real(logits, reqs, num_outputs)
 
     sampler.sample_tokens = sample_tokens
     try:

@@ -29,12 +29,12 @@ def wait_idle(server, timeout: float = 20.0) -> None:
     engine = server.engine
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if (not engine.has_unfinished_requests() and not engine.live_requests()
+        if (not engine.has_unfinished_requests() and not engine.core.live_sequences()
                 and engine.kv.num_free_blocks == engine.kv.num_blocks):
             engine.check_integrity()
             return
         time.sleep(0.05)
-    raise AssertionError(f"engine not idle: {len(engine.groups)} groups, "
+    raise AssertionError(f"engine not idle: {len(engine.request_ids())} requests, "
                          f"{engine.kv.num_free_blocks}/{engine.kv.num_blocks} blocks free")
 
 

@@ -210,7 +210,7 @@ def test_client_leaving_mid_body_is_dropped_quietly(server, logs):
     assert any("left before sending the whole body" in r.getMessage() for r in logs)
     loud = [r for r in logs if r.levelno >= logging.WARNING or r.exc_info]
     assert not loud, [r.getMessage() for r in loud]
-    assert not server.engine.has_unfinished_requests() and not server.engine.live_requests()
+    assert not server.engine.has_unfinished_requests() and not server.engine.core.live_sequences()
     assert_ok(server)
 
 

@@ -373,7 +373,7 @@ def test_offline_soak(one_thread):
     import torch
 
     from tachyon import LLM, SamplingParams
-    from tachyon.engine.request import Request
+    from tachyon.engine.sequence import Sequence
 
     llm = LLM(kv_cache_memory_gib=0.1, swap_space=0, max_num_seqs=CONCURRENCY)
     engine = llm.engine
@@ -390,11 +390,11 @@ def test_offline_soak(one_thread):
           f"{engine.kv.prefix_hits}; RSS {rss_before / MIB:.1f} -> {rss_after / MIB:.1f} MiB")
 
     assert outcomes["stepped:abort"] and outcomes["stepped:length"] and outcomes["generate:n=2:length"], outcomes
-    assert not engine.has_unfinished_requests() and not engine.live_requests()
+    assert not engine.has_unfinished_requests() and not engine.core.live_sequences()
     assert engine.kv.num_free_blocks == engine.kv.num_blocks
     engine.check_integrity()
     gc.collect()
-    assert not [o for o in gc.get_objects() if type(o) is Request], "Request objects outlived their requests"
+    assert not [o for o in gc.get_objects() if type(o) is Sequence], "Sequence objects outlived their requests"
     assert llm.generate(PROBE, greedy)[0].outputs[0].token_ids == probe
     margin = _rss_margin_kib(rss_before)
     assert rss_after - rss_before < margin, (

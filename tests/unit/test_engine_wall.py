@@ -54,19 +54,17 @@ def _run(llm, prompts, params) -> dict:
 PROMPTS = [[5, 17, 300, 41, 9], list(range(20, 53)), [7] * 19, list(range(100, 170))]
 
 
-@pytest.mark.parametrize("steps", [1, 4])  # ordinary steps, and decode runs queued ahead
+@pytest.mark.parametrize("steps", [1, 4])  # one step at a time, and steps queued ahead of the host
 @pytest.mark.parametrize("where", ["sampler", "forward"])
 def test_a_request_that_breaks_its_batch_fails_alone(tiny, steps, where):
     path, hf = tiny
     llm = LLM(model=path, num_kv_blocks=120, block_size=8, swap_space=0, num_scheduler_steps=steps, dtype="float32")
     runner = llm.engine.runner
     if where == "sampler":
-        _poison(runner.sampler, "sample_tokens", lambda logits, reqs: reqs, RuntimeError("injected sampler fault"))
+        _poison(runner.sampler, "sample_tokens", lambda logits, reqs, num_outputs: reqs,
+                RuntimeError("injected sampler fault"))
     else:
-        sched_reqs = lambda sched: [s.req for s in sched.seqs]
-        _poison(runner, "execute", sched_reqs, IndexError("injected forward fault"))
-        if steps > 1:  # a decode run calls the model itself: poison its construction for the marked batch
-            _poison(runner, "start_decode_run", sched_reqs, IndexError("injected forward fault"))
+        _poison(runner, "submit", lambda sched: [s.seq for s in sched.seqs], IndexError("injected forward fault"))
     max_tokens = [6, 12, 9, 15]
     params = [SamplingParams(temperature=0, max_tokens=m, ignore_eos=True) for m in max_tokens]
     # the poisoned one joins after a few tokens (greedy: its seed changes nothing but the marker)
@@ -96,7 +94,7 @@ def test_a_request_whose_text_raises_fails_alone(llm):
     def broken(token_id):
         raise UnicodeDecodeError("utf-8", b"\xff", 0, 1, "injected detokenizer fault")
 
-    engine.groups["bad"].seqs[0].detok.add_token = broken
+    engine.processor.states["bad"].seqs[0].detok.add_token = broken
     done = {}
     while engine.has_unfinished_requests():
         done.update({o.request_id: o for o in engine.step() if o.finished})
@@ -111,11 +109,11 @@ def test_a_fault_no_request_explains_fails_the_live_ones_and_the_engine_goes_on(
     real = engine.scheduler.schedule
     calls = {"n": 0}
 
-    def schedule():
+    def schedule(num_in_flight=0):
         calls["n"] += 1
         if calls["n"] == 3:
             raise AssertionError("injected scheduler fault")
-        return real()
+        return real(num_in_flight)
 
     engine.scheduler.schedule = schedule
     try:
@@ -133,8 +131,8 @@ def test_a_device_fault_stops_the_engine_and_says_so(llm):
     from tachyon.engine.async_engine import AsyncEngine, EngineDeadError
 
     engine = llm.engine
-    real = engine.runner.execute
-    engine.runner.execute = lambda sched: (_ for _ in ()).throw(
+    real = engine.runner.submit
+    engine.runner.submit = lambda sched: (_ for _ in ()).throw(
         RuntimeError("CUDA error: an illegal memory access was encountered"))
     aengine = AsyncEngine(engine)
     aengine.start()
@@ -151,7 +149,7 @@ def test_a_device_fault_stops_the_engine_and_says_so(llm):
         asyncio.run(main())
         assert not aengine.is_running and "illegal memory access" in repr(aengine.error)
     finally:
-        engine.runner.execute = real
+        engine.runner.submit = real
         aengine.shutdown(timeout=5)
         engine.abort_request("dev")
         engine.step()
@@ -167,12 +165,12 @@ def test_an_abort_lands_within_one_step_of_a_long_prefill(tiny):
     engine.add_request("long", None, long_prompt, SamplingParams(temperature=0, max_tokens=5))
     engine.add_request("short", None, PROMPTS[0], SamplingParams(temperature=0, max_tokens=6, ignore_eos=True))
     engine.step()
-    long_req = engine.groups["long"].seqs[0]
+    long_req = engine.core.groups["long"].seqs[0]
     assert 0 < long_req.num_computed_tokens < len(long_prompt)  # mid-prefill
     engine.abort_request("long")
     outs = engine.step()
     assert [o.outputs[0].finish_reason for o in outs if o.request_id == "long"] == ["abort"]
-    assert "long" not in engine.groups and not long_req.block_ids
+    assert "long" not in engine.core.groups and not long_req.block_ids
     done = {}
     while engine.has_unfinished_requests():
         done.update({o.request_id: o for o in engine.step() if o.finished})

@@ -5,17 +5,17 @@ from __future__ import annotations
 import pytest
 
 from tachyon.engine.kv_cache import KVCacheManager
-from tachyon.engine.request import Request
+from tachyon.engine.sequence import Sequence
 from tachyon.outputs import RequestMetrics
 from tachyon.sampling_params import SamplingParams
 
 
-def _req(rid: str, tokens: list[int]) -> Request:
-    return Request(request_id=rid, group_id=rid, index=0, prompt_token_ids=tokens, sampling_params=SamplingParams(),
+def _req(rid: str, tokens: list[int]) -> Sequence:
+    return Sequence(seq_id=rid, request_id=rid, index=0, prompt_token_ids=tokens, sampling_params=SamplingParams(),
                    max_tokens=16, eos_token_ids=frozenset(), metrics=RequestMetrics(arrival_time=0.0))
 
 
-def _compute_all(kv: KVCacheManager, req: Request) -> None:
+def _compute_all(kv: KVCacheManager, req: Sequence) -> None:
     shared = kv.find_cached_prefix(req)
     n = req.num_tokens - len(shared) * kv.block_size
     assert kv.allocate(req, n, shared)

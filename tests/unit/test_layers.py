@@ -173,7 +173,6 @@ def test_imports_point_downward(importer):
     assert not bad, "\n".join(bad)
 
 
-@pytest.mark.xfail(strict=True, reason="engine/worker split lands with the one-step path (issue 13)")
 def test_worker_does_not_import_engine():
     bad = _violations("tachyon.worker", ("tachyon.engine",))
     assert not bad, "\n".join(bad)

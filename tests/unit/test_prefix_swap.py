@@ -68,12 +68,12 @@ def test_hit_counts_are_exact(llm):
 def test_swap_out_and_in_is_exact(reference, num_blocks):
     prompts, ref = reference
     llm = LLM(swap_space=0.05, num_kv_blocks=num_blocks, max_num_batched_tokens=256, enable_prefix_caching=False)
-    s = llm.engine.scheduler
-    s.swapper.min_swap_tokens = 16  # these prompts are short: swap even small sequences
+    s, kv = llm.engine.scheduler, llm.engine.kv
+    kv.min_swap_tokens = 16  # these prompts are short: swap even small sequences
     assert _run(llm, prompts) == ref
     assert s.num_preemptions > 0
     assert s.num_swapped_out > 0, "the small pool should have swapped sequences out"
-    assert s.swapper.num_free_blocks == s.swapper.num_blocks and not s.swapper.held
+    assert kv.num_cpu_blocks > 0 and kv.num_free_cpu_blocks == kv.num_cpu_blocks and not kv.cpu_held
 
 
 def test_recompute_when_swap_is_off(reference):
@@ -93,8 +93,8 @@ def test_simultaneous_arrivals_compute_a_shared_prefix_once(llm):
     computed = []
     real = sched.schedule
 
-    def spy():
-        out = real()
+    def spy(num_in_flight=0):
+        out = real(num_in_flight)
         computed.append(sum(s.num_new_tokens for s in out.seqs if s.num_new_tokens > 1))
         return out
 

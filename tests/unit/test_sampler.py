@@ -5,14 +5,14 @@ from __future__ import annotations
 import torch
 
 from tachyon import SamplingParams
-from tachyon.engine.request import Request
+from tachyon.engine.sequence import Sequence
 from tachyon.outputs import RequestMetrics
 from tachyon.worker.sampler import Sampler
 from tests.conftest import hf_greedy
 
 
-def _req(sp: SamplingParams, tokens=(1, 2, 3), gen=None) -> Request:
-    r = Request(request_id="x", group_id="x", index=0, prompt_token_ids=list(tokens), sampling_params=sp,
+def _req(sp: SamplingParams, tokens=(1, 2, 3), gen=None) -> Sequence:
+    r = Sequence(seq_id="x", request_id="x", index=0, prompt_token_ids=list(tokens), sampling_params=sp,
                 max_tokens=16, eos_token_ids=frozenset({2}), metrics=RequestMetrics(arrival_time=0.0))
     r.generator = gen
     return r
@@ -93,7 +93,7 @@ def test_n_samples_share_prompt_blocks(llm):
         for o in engine.step():
             if o.finished:
                 result = o
-        seqs = [r for r in engine.live_requests() if r.group_id == "fork"]
+        seqs = [r for r in engine.core.live_sequences() if r.request_id == "fork"]
         if len(seqs) == 3 and all(r.block_ids for r in seqs):
             first = {tuple(r.block_ids[:6]) for r in seqs}
             shared_seen |= len(first) == 1 and engine.kv.pool.blocks[seqs[0].block_ids[0]].ref_cnt >= 3

@@ -93,7 +93,7 @@ class TachyonBackend(Backend):
         return {
             "engine_args": dict(vars(self.args)),
             "device": str(c.device), "dtype": str(c.dtype).removeprefix("torch."),
-            "attention_backend": c.attention_backend, "num_kv_blocks": self.engine.kv.num_blocks,
+            "attention_backend": c.attention_backend, "num_kv_blocks": self.engine.num_kv_blocks,
             "block_size": c.cache.block_size, "max_num_batched_tokens": c.scheduler.max_num_batched_tokens,
             "max_num_seqs": c.scheduler.max_num_seqs, "max_model_len": c.scheduler.max_model_len,
             "startup_s": self.startup_s,

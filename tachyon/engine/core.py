@@ -1,0 +1,270 @@
+"""The engine core: one step loop over the scheduler, the KV-cache manager and a runner.
+
+    step():  take new requests and aborts ─► schedule ─► submit to the runner ─► collect the oldest step in
+             flight once more are queued than the scheduler allows ─► per-sequence outputs
+
+Up to `num_scheduler_steps` steps are in flight on the device at once: while it computes them, the host
+collects the oldest, updates the sequences, and schedules and submits the next (a decode's input may be a
+token a step in flight is still sampling; the runner takes it from the device). The scheduler decides how
+many may stay in flight after each step (none when it preempts, swaps in, or a sequence's sampling reads its
+own history), so there is one path for every kind of step.
+
+No request can stop the loop. What a request carries is checked before it enters
+(tachyon.engine.validation); and when processing one request raises anyway, that request alone ends with
+finish_reason "error" (its blocks freed) while the others go on:
+
+    submitting a batch raises         ─► the steps in flight land, then each sequence runs alone; those that
+                                         still raise fail
+    collecting a step raises          ─► the requests in that step fail
+    updating one sequence raises      ─► its request fails
+    anything no request explains (the scheduler itself) ─► every live request fails
+
+Only a fault of the device (a CUDA error: the context is gone) propagates out of `step`.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections import deque
+
+import torch
+
+from tachyon.config import EngineConfig
+from tachyon.engine.kv_cache import KVCacheManager
+from tachyon.engine.messages import EngineCoreOutput, EngineCoreRequest, EngineStats
+from tachyon.engine.scheduler import Scheduler
+from tachyon.engine.sequence import Sequence, SequenceGroup, SequenceStatus
+from tachyon.interface import ModelRunner, ModelRunnerOutput, SchedulerOutput
+from tachyon.outputs import RequestMetrics
+
+logger = logging.getLogger("tachyon")
+
+_DEVICE_FAULTS = ("CUDA error", "device-side assert", "illegal memory access", "CUBLAS_STATUS", "cuDNN error",
+                  "NCCL error", "unspecified launch failure")
+
+
+def is_device_fault(e: BaseException) -> bool:
+    """Whether an exception means the device itself failed (then nothing on it can be trusted any more)."""
+    accel = getattr(torch, "AcceleratorError", None)
+    if accel is not None and isinstance(e, accel):
+        return True
+    return isinstance(e, RuntimeError) and not isinstance(e, torch.OutOfMemoryError) and any(
+        m in str(e) for m in _DEVICE_FAULTS)
+
+
+class EngineCore:
+    def __init__(self, config: EngineConfig, runner: ModelRunner, num_blocks: int, num_cpu_blocks: int = 0):
+        self.config = config
+        self.runner = runner
+        self.kv = KVCacheManager(num_blocks, config.cache.block_size, config.cache.enable_prefix_caching,
+                                 num_cpu_blocks=num_cpu_blocks)
+        self.scheduler = Scheduler(config.scheduler, self.kv)
+        self.groups: dict[str, SequenceGroup] = {}
+        self.in_flight: deque[tuple[SchedulerOutput, object]] = deque()
+        self._incoming: deque[EngineCoreRequest] = deque()
+        self._aborts: deque[tuple[str, SequenceStatus]] = deque()  # request ids, or seq ids (stop strings)
+        self._lock = threading.Lock()
+        self._eos = frozenset(config.model.eos_token_ids)
+        self._stats = EngineStats(num_kv_blocks=self.kv.num_blocks, block_size=self.kv.block_size)
+
+    # -- requests (any thread) ------------------------------------------------------------------------------
+    def add_request(self, req: EngineCoreRequest) -> None:
+        with self._lock:
+            self._incoming.append(req)
+
+    def abort_request(self, request_id: str) -> None:
+        with self._lock:
+            self._aborts.append((request_id, SequenceStatus.FINISHED_ABORTED))
+
+    def stop_sequence(self, seq_id: str) -> None:
+        """The front end found a stop string: the sequence ends as "stop" (it already has its final output)."""
+        with self._lock:
+            self._aborts.append((seq_id, SequenceStatus.FINISHED_STOPPED))
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self.groups or self._incoming)
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self.scheduler.waiting) + len(self._incoming)
+
+    def _make_group(self, req: EngineCoreRequest) -> SequenceGroup:
+        sp = req.sampling_params
+        seqs = []
+        for i in range(sp.n):
+            seq = Sequence(
+                seq_id=req.request_id if sp.n == 1 else f"{req.request_id}#{i}", request_id=req.request_id, index=i,
+                prompt_token_ids=list(req.prompt_token_ids), sampling_params=sp, max_tokens=req.max_tokens,
+                eos_token_ids=self._eos, metrics=RequestMetrics(arrival_time=req.arrival_time))
+            if sp.seed is not None:
+                seq.generator = self.runner.request_generator(sp.seed + i)
+            seqs.append(seq)
+        seqs[0].pending_forks = seqs[1:]
+        return SequenceGroup(req.request_id, seqs)
+
+    def _drain_inbox(self) -> list[EngineCoreOutput]:
+        outputs = []
+        with self._lock:
+            incoming, self._incoming = self._incoming, deque()
+            aborts, self._aborts = self._aborts, deque()
+        for req in incoming:
+            if req.request_id in self.groups:
+                logger.warning("request id %r is already running; the second one is dropped", req.request_id)
+                continue
+            try:
+                g = self._make_group(req)
+            except Exception as e:  # a seed the generator refuses, say: this request alone
+                outputs += [EngineCoreOutput(req.request_id, i, [], finish_reason="error",
+                                             error=f"{type(e).__name__}: {e}") for i in range(req.sampling_params.n)]
+                continue
+            self.groups[req.request_id] = g
+            self.scheduler.add(g.seqs[0])
+            self._stats.prompt_tokens += len(req.prompt_token_ids)
+        for key, status in aborts:
+            rid, _, index = key.partition("#")
+            g = self.groups.get(rid)
+            if g is None:
+                continue
+            seqs = g.seqs if not index else [s for s in g.seqs if s.seq_id == key]
+            live = [s for s in g.seqs if not s.is_finished]
+            for s in seqs:
+                self.scheduler.finish(s, status)  # an unstarted sibling ends with its parent, as "abort"
+            if status == SequenceStatus.FINISHED_ABORTED or len(seqs) < len(live):
+                outputs += [self._output(s, []) for s in live if s.status == SequenceStatus.FINISHED_ABORTED]
+            if all(s.is_finished for s in g.seqs):
+                del self.groups[rid]
+        return outputs
+
+    # -- the loop ----------------------------------------------------------------------------------------
+    def step(self) -> list[EngineCoreOutput]:
+        outputs = self._drain_inbox()
+        try:
+            return outputs + self._step()
+        except Exception as e:
+            if is_device_fault(e):
+                raise
+            logger.exception("an engine step failed in a way no single request explains; failing every live "
+                             "request, the engine goes on")
+            return outputs + self._fail_all(e)
+
+    def _step(self) -> list[EngineCoreOutput]:
+        outputs: list[EngineCoreOutput] = []
+        sched = self.scheduler.schedule(len(self.in_flight))
+        if sched.seqs:
+            outputs += self._submit(sched)
+        # nothing new to queue (or the scheduler waits for the host): land one step per call, so each token
+        # still reaches its stream at its own step
+        limit = sched.max_in_flight if sched.seqs else max(0, len(self.in_flight) - 1)
+        while len(self.in_flight) > limit:
+            outputs += self._collect_oldest()
+        return outputs
+
+    def _submit(self, sched: SchedulerOutput) -> list[EngineCoreOutput]:
+        """Queue the step. If the batch raises, the steps in flight land and each sequence runs alone; only
+        those that still raise fail (a KV write the first attempt made is made again with the same values)."""
+        try:
+            self.in_flight.append((sched, self.runner.submit(sched)))
+            return []
+        except Exception as e:
+            if is_device_fault(e):
+                raise
+            first = e
+        logger.warning("a batch of %d sequences raised %r; running each alone to find the request at fault",
+                       len(sched.seqs), first)
+        outputs = []
+        while self.in_flight:
+            outputs += self._collect_oldest()
+        for s in sched.seqs:
+            if s.seq.is_finished:  # a sibling of a request that failed earlier in this loop, or just stopped
+                continue
+            one = SchedulerOutput(seqs=[s])
+            try:
+                result = self.runner.collect(self.runner.submit(one))
+            except Exception as e:
+                if is_device_fault(e):
+                    raise
+                outputs += self._fail(s.seq.request_id, e)
+                continue
+            outputs += self._finish_step(one, result)
+        return outputs
+
+    def _collect_oldest(self) -> list[EngineCoreOutput]:
+        sched, handle = self.in_flight.popleft()
+        try:
+            result = self.runner.collect(handle)
+        except Exception as e:
+            if is_device_fault(e):
+                raise
+            outputs = []  # the step's tokens are lost: its sequences cannot go on
+            for rid in dict.fromkeys(s.seq.request_id for s in sched.seqs):
+                outputs += self._fail(rid, e)
+            return outputs
+        return self._finish_step(sched, result)
+
+    def _finish_step(self, sched: SchedulerOutput, result: ModelRunnerOutput | None) -> list[EngineCoreOutput]:
+        got, failed = self.scheduler.update(sched, result)
+        self._stats.num_steps += 1
+        self._stats.generation_tokens += len(got)
+        outputs = []
+        for seq, token, row in got:
+            lp = result.logprobs[row]
+            outputs.append(self._output(seq, [token], None if lp is None else [lp],
+                                        None if lp is None else [result.sampled_logprobs[row]]))
+        for seq, e in failed:
+            outputs += self._fail(seq.request_id, e)
+        for seq, _, _ in got:
+            if seq.is_finished:
+                g = self.groups.get(seq.request_id)
+                if g is not None and all(s.is_finished for s in g.seqs):
+                    del self.groups[seq.request_id]
+        return outputs
+
+    def _output(self, seq: Sequence, tokens: list[int], logprobs=None, sampled=None) -> EngineCoreOutput:
+        m = seq.metrics
+        return EngineCoreOutput(
+            seq.request_id, seq.index, tokens, logprobs, sampled,
+            finish_reason=seq.status.value if seq.is_finished else None, stop_reason=seq.stop_reason,
+            num_cached_tokens=seq.num_cached_tokens, first_scheduled_time=m.first_scheduled_time,
+            token_time=m.last_token_time, finished_time=m.finished_time, num_preemptions=m.num_preemptions)
+
+    # -- failures: one request at a time --------------------------------------------------------------------
+    def _fail(self, request_id: str, e: Exception) -> list[EngineCoreOutput]:
+        """End a request whose processing raised: finish_reason "error", blocks freed, others untouched."""
+        g = self.groups.pop(request_id, None)
+        if g is None:
+            return []
+        self._stats.num_failed_requests += 1
+        error = f"{type(e).__name__}: {e}"
+        logger.warning("request %s failed and was ended: %s", request_id, error)
+        outputs = []
+        for s in g.seqs:
+            self.scheduler.finish(s, SequenceStatus.FINISHED_ERROR)
+            out = self._output(s, [])
+            out.finish_reason, out.error = "error", error
+            outputs.append(out)
+        return outputs
+
+    def _fail_all(self, e: Exception) -> list[EngineCoreOutput]:
+        self.in_flight.clear()
+        self.runner.drop_in_flight()
+        outputs = []
+        for rid in list(self.groups):
+            outputs += self._fail(rid, e)
+        return outputs
+
+    # -- introspection -------------------------------------------------------------------------------------
+    def stats(self) -> EngineStats:
+        s, sch, kv = self._stats, self.scheduler, self.kv
+        s.num_running, s.num_waiting = len(sch.running), self.num_waiting
+        s.kv_cache_usage = kv.usage
+        s.prefix_cache_queries, s.prefix_cache_hits = kv.prefix_queries, kv.prefix_hits
+        s.num_preemptions, s.num_swapped_out, s.num_recomputed = (sch.num_preemptions, sch.num_swapped_out,
+                                                                   sch.num_recomputed)
+        return EngineStats(*(getattr(s, f) for f in EngineStats.__slots__))
+
+    def live_sequences(self) -> list[Sequence]:
+        return list(self.scheduler.running) + list(self.scheduler.waiting)
+
+    def check_integrity(self) -> None:
+        self.kv.check_integrity(self.live_sequences())

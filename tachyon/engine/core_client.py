@@ -1,0 +1,223 @@
+"""The engine core in its own process, and the client the HTTP process talks to it through.
+
+    HTTP process                                         engine-core process
+    ────────────                                         ───────────────────
+    validate, OutputProcessor.add_request ──("add")──►   EngineCore.add_request
+    abort / stop string        ──("abort"/"stop")──►     EngineCore.abort_request / stop_sequence
+    OutputProcessor.process  ◄──("out", deltas, stats)── EngineCore.step()  (loops while there is work)
+
+Messages are small pickled dataclasses (tachyon.engine.messages) over a multiprocessing pipe. The HTTP
+process detokenizes and builds outputs, so neither its event loop nor its threads ever hold the core's GIL.
+If the core process dies, the pipe closes: the client fails every open request and says why, and stays dead
+(/health answers 503).
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing as mp
+import threading
+import time
+import traceback
+
+from tachyon.engine.messages import EngineStats
+from tachyon.engine.output_processor import OutputProcessor
+from tachyon.engine.validation import validate_request
+from tachyon.outputs import RequestOutput
+from tachyon.sampling_params import SamplingParams
+
+logger = logging.getLogger("tachyon")
+
+
+class EngineCoreDeadError(RuntimeError):
+    """The engine core process is gone."""
+
+
+def run_core_loop(core, conn, info: dict) -> None:
+    """The body of the engine-core process once its core is built: say ready, then step while there is work
+    and read the pipe between steps (without waiting while requests run)."""
+    conn.send(("ready", info))
+    idle_wait = 0.5
+    while True:
+        timeout = 0.0 if core.has_unfinished_requests() or core.in_flight else idle_wait
+        while conn.poll(timeout):
+            msg = conn.recv()
+            for kind, arg in msg:
+                if kind == "add":
+                    core.add_request(arg)
+                elif kind == "abort":
+                    core.abort_request(arg)
+                elif kind == "stop":
+                    core.stop_sequence(arg)
+                elif kind == "shutdown":
+                    return
+            timeout = 0.0
+        if core.has_unfinished_requests() or core.in_flight:
+            outputs = core.step()
+            if outputs:
+                conn.send(("out", outputs, core.stats()))
+
+
+def core_process_main(build_core, args, conn) -> None:
+    """Process entry: build the core with build_core(args) -> (core, info), then loop. A failure to build is
+    sent to the parent; a device fault ends the process (the parent sees the pipe close)."""
+    try:
+        core, info = build_core(args)
+    except BaseException as e:
+        conn.send(("error", f"{type(e).__name__}: {e}\n{traceback.format_exc()}"))
+        return
+    try:
+        import torch
+
+        with torch.inference_mode():
+            run_core_loop(core, conn, info)
+    except BaseException as e:
+        logger.exception("the engine core stopped")
+        try:
+            conn.send(("dead", f"{type(e).__name__}: {e}"))
+        except Exception:
+            pass
+        raise SystemExit(1) from None
+
+
+class MPEngineClient:
+    """The front end of an engine core that runs in a child process; the same surface as LLMEngine
+    (add_request, abort_request, step, stats, validate), so AsyncEngine runs either."""
+
+    def __init__(self, build_core, args, tokenizer, startup_timeout: float = 1800.0):
+        ctx = mp.get_context("spawn")  # CUDA cannot be forked
+        self._conn, child = ctx.Pipe(duplex=True)
+        self.process = ctx.Process(target=core_process_main, args=(build_core, args, child), daemon=True,
+                                   name="tachyon-engine-core")
+        t0 = time.perf_counter()
+        self.process.start()
+        child.close()
+        self._send_lock = threading.Lock()
+        self.tokenizer = tokenizer
+        self.processor = OutputProcessor(tokenizer)
+        self.error: str | None = None
+        deadline = time.monotonic() + startup_timeout
+        while not self._conn.poll(0.5):
+            if not self.process.is_alive():
+                raise RuntimeError(f"the engine core process exited during start-up (exit code "
+                                   f"{self.process.exitcode})")
+            if time.monotonic() > deadline:
+                self.process.kill()
+                raise RuntimeError(f"the engine core did not start within {startup_timeout:.0f}s")
+        kind, info = self._conn.recv()
+        if kind == "error":
+            self.process.join(timeout=10)
+            raise RuntimeError(f"the engine core failed to start: {info}")
+        self.config = info["config"]
+        self.num_kv_blocks = info["num_kv_blocks"]
+        self.info = info
+        self.startup_time_s = time.perf_counter() - t0
+        self._stats = EngineStats(num_kv_blocks=self.num_kv_blocks, block_size=self.config.cache.block_size)
+        self._added_since_stats = 0
+
+    # -- requests ---------------------------------------------------------------------------------------
+    def validate(self, prompt_token_ids: list[int], params: SamplingParams) -> int:
+        return validate_request(self.config, self.num_kv_blocks, prompt_token_ids, params)
+
+    def _send(self, msgs: list[tuple]) -> None:
+        if self.error is not None:
+            raise EngineCoreDeadError(self.error)
+        try:
+            with self._send_lock:
+                self._conn.send(msgs)
+        except (OSError, EOFError, ValueError) as e:
+            self._dead(f"the engine core process is gone ({e})")
+            raise EngineCoreDeadError(self.error) from None
+
+    def add_request(self, request_id: str, prompt: str | None, prompt_token_ids: list[int],
+                    params: SamplingParams, arrival_time: float | None = None, stream: bool = True) -> None:
+        params.verify()
+        max_tokens = self.validate(prompt_token_ids, params)
+        req = self.processor.admit(max_tokens, request_id, prompt, prompt_token_ids, params, arrival_time, stream)
+        try:
+            self._send([("add", req)])
+        except BaseException:
+            self.processor.states.pop(request_id, None)
+            raise
+        self._added_since_stats += 1
+
+    def abort_request(self, request_id: str) -> None:
+        try:
+            self._send([("abort", request_id)])
+        except EngineCoreDeadError:
+            pass
+
+    @property
+    def num_waiting(self) -> int:
+        return self._stats.num_waiting + self._added_since_stats
+
+    def has_unfinished_requests(self) -> bool:
+        return self.processor.has_unfinished_requests()
+
+    def request_ids(self) -> list[str]:
+        return list(self.processor.states)
+
+    def stats(self) -> EngineStats:
+        return self._stats
+
+    @property
+    def num_failed_requests(self) -> int:
+        return self._stats.num_failed_requests + self.processor.num_failed_requests
+
+    # -- outputs (one reader thread) ------------------------------------------------------------------------
+    def step(self, timeout: float = 0.1) -> list[RequestOutput]:
+        """The outputs of the core's next step (waits up to timeout). Raises EngineCoreDeadError once the
+        core is gone (after handing out one last error output for every open request: see fail_open)."""
+        self.check_alive()
+        try:
+            if not self._conn.poll(timeout):
+                return []
+            msg = self._conn.recv()
+        except (EOFError, OSError) as e:
+            self._dead(f"the engine core process exited (exit code {self._exitcode()}): {e or 'pipe closed'}")
+            raise EngineCoreDeadError(self.error) from None
+        kind = msg[0]
+        if kind == "dead":
+            self._dead(f"the engine core stopped: {msg[1]}")
+            raise EngineCoreDeadError(self.error)
+        _, core_outputs, stats = msg
+        self._stats = stats
+        self._added_since_stats = 0
+        outputs, stops, aborts = self.processor.process(core_outputs)
+        if stops or aborts:
+            try:
+                self._send([("stop", s) for s in stops] + [("abort", r) for r in aborts])
+            except EngineCoreDeadError:
+                pass
+        return outputs
+
+    def check_alive(self) -> None:
+        if self.error is not None:
+            raise EngineCoreDeadError(self.error)
+        if not self.process.is_alive() and not self._conn.poll(0):
+            self._dead(f"the engine core process exited (exit code {self._exitcode()})")
+            raise EngineCoreDeadError(self.error)
+
+    def fail_open(self) -> list[RequestOutput]:
+        """Error outputs for every open request (after the core died)."""
+        return self.processor.abort_all(self.error or "the engine core is gone")
+
+    def _exitcode(self):
+        self.process.join(timeout=1.0)
+        return self.process.exitcode
+
+    def _dead(self, why: str) -> None:
+        if self.error is None:
+            self.error = why
+            logger.error("%s", why)
+
+    def shutdown(self, timeout: float = 30.0) -> None:
+        try:
+            self._send([("shutdown", None)])
+        except EngineCoreDeadError:
+            pass
+        self.process.join(timeout=timeout)
+        if self.process.is_alive():
+            self.process.kill()
+            self.process.join(timeout=5)
+        self._conn.close()

@@ -1,0 +1,56 @@
+"""What crosses between the engine core and its front end (in one process, or over a pipe to the core's own
+process): requests in, per-sequence token deltas and stats out. Small slotted dataclasses: cheap to pickle."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tachyon.sampling_params import SamplingParams
+
+
+@dataclass(slots=True)
+class EngineCoreRequest:
+    request_id: str
+    prompt_token_ids: list[int]
+    sampling_params: SamplingParams
+    max_tokens: int  # resolved by validation
+    arrival_time: float
+
+
+@dataclass(slots=True)
+class EngineCoreOutput:
+    """One sequence's news from one step: its new token (with logprobs if asked), or how it finished."""
+
+    request_id: str
+    index: int  # which of the request's n sequences
+    new_token_ids: list[int]
+    new_logprobs: list[dict[int, float]] | None = None
+    new_sampled_logprobs: list[float] | None = None
+    finish_reason: str | None = None  # "stop" | "length" | "abort" | "error"
+    stop_reason: int | str | None = None
+    error: str | None = None
+    num_cached_tokens: int = 0
+    first_scheduled_time: float | None = None
+    token_time: float | None = None  # when the new token reached the host
+    finished_time: float | None = None
+    num_preemptions: int = 0
+
+
+@dataclass(slots=True)
+class EngineStats:
+    """The core's counters and gauges, for /metrics and `tachyon bench`."""
+
+    num_running: int = 0
+    num_waiting: int = 0
+    kv_cache_usage: float = 0.0
+    num_kv_blocks: int = 0
+    block_size: int = 16
+    prefix_cache_queries: int = 0
+    prefix_cache_hits: int = 0
+    num_preemptions: int = 0
+    num_swapped_out: int = 0
+    num_recomputed: int = 0
+    prompt_tokens: int = 0
+    generation_tokens: int = 0
+    num_steps: int = 0
+    num_failed_requests: int = 0

@@ -1,0 +1,76 @@
+"""What the engine core and the model runner exchange: a scheduler output goes in, sampled tokens come out.
+
+Both sides import this module and nothing of each other; `tachyon.build` wires them together.
+
+    engine core                                   runner (tachyon.worker.model_runner)
+    ───────────                                   ──────
+    sched = scheduler.schedule(in_flight)
+    handle = runner.submit(sched)     ──────────► copies swapped KV, builds the batch, queues the forward and
+                                                  the sampling on the device; returns at once
+    ... schedules and submits the next step ...
+    out = runner.collect(handle)      ◄────────── waits for that step's tokens, gives them to the host
+
+A scheduled sequence's last input token may be one a step still in flight samples (a placeholder): the runner
+takes it from that step's sampled ids on the device, so a step can be queued before the previous one lands.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+
+@dataclass(slots=True)
+class ScheduledSeq:
+    seq: Any  # tachyon.engine.sequence.Sequence (the runner reads its tokens, blocks and sampling parameters)
+    start: int  # its computed tokens before this step: the step computes positions start .. start+n-1
+    num_new_tokens: int
+    sample: bool  # the step computes the sequence's last token, so a new one is sampled
+
+
+@dataclass
+class SchedulerOutput:
+    seqs: list[ScheduledSeq] = field(default_factory=list)
+    preempted: list = field(default_factory=list)  # sequences preempted by this step (recompute or swap)
+    swap_out: list[tuple[int, int]] = field(default_factory=list)  # (device block, CPU block) to copy out first
+    swap_in: list[tuple[int, int]] = field(default_factory=list)  # (CPU block, device block) to copy in
+    # the most steps that may stay in flight once this one is submitted (0: collect it before the next)
+    max_in_flight: int = 0
+    sync: bool = False  # nothing scheduled: the steps in flight must land first (to preempt, or for penalties)
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(s.num_new_tokens for s in self.seqs)
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.seqs
+
+
+@dataclass(slots=True)
+class ModelRunnerOutput:
+    """One collected step: a row per sequence that sampled, in the scheduler output's order."""
+
+    seqs: list
+    token_ids: list[int]
+    logprobs: list[dict[int, float] | None]  # top-N and the sampled token's, for rows that asked
+    sampled_logprobs: list[float | None]
+
+
+class ModelRunner(Protocol):
+    """What the engine core may ask of a runner (tachyon.worker.model_runner.ModelRunner is the one)."""
+
+    block_size: int
+
+    def submit(self, sched: SchedulerOutput) -> object:
+        """Queue the step; returns a handle for collect. Raises if the batch cannot run (the engine then
+        runs each sequence alone)."""
+
+    def collect(self, handle: object) -> ModelRunnerOutput:
+        """Wait for a submitted step (in submission order) and return its sampled tokens."""
+
+    def drop_in_flight(self) -> None:
+        """Forget every step not yet collected (the engine failed every live request)."""
+
+    def request_generator(self, seed: int) -> object:
+        """A random generator for one seeded sequence, on the runner's device."""

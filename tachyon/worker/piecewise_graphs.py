@@ -1,0 +1,168 @@
+"""Piecewise CUDA graphs for steps with prefill tokens: everything but attention is captured, per token-count
+bucket; attention runs between the pieces with the step's own metadata.
+
+    replay:  [embed, layer 0 up to its KV write] attn 0 [o_proj .. layer 1's KV write] attn 1 ... [final norm]
+             └────────── graph 0 ──────────────┘ eager  └──────────── graph 1 ───────┘ eager     graph L
+
+A mixed step's batch (decodes first, then prefill chunks) has any number of sequences of any lengths, which
+only attention cares about: every other op works row by row on the T packed tokens. So a bucket's graphs
+take T padded up to the bucket (padding rows: token 0, position 0, slot -1, so they write no KV), and the
+attention kernels between them read the real T rows and the real block tables, query starts and context
+lengths. A step costs L + 1 graph launches and the attention launches instead of every kernel of the model.
+
+Capture runs the model's own forward with a backend that ends the current graph where attention would run,
+notes the piece's query tensor (an address the next replay writes again) and begins the next graph.
+"""
+
+from __future__ import annotations
+
+import bisect
+
+import numpy as np
+import torch
+
+from tachyon.layers.attention import AttentionMetadata
+
+
+def piecewise_buckets(max_tokens: int) -> list[int]:
+    sizes = [s for s in (16, 32, 64, 128, 256, 384, 512, 768, 1024, 1536, 2048, 3072, 4096, 6144, 8192)
+             if s < max_tokens]
+    return sizes + [max_tokens]
+
+
+class _Piece:
+    """What runs after graph i: attention of layer i on the graph's query rows into a fixed output."""
+
+    __slots__ = ("q", "k_cache", "v_cache", "scale", "out")
+
+    def __init__(self, q, k_cache, v_cache, scale, out):
+        self.q, self.k_cache, self.v_cache, self.scale, self.out = q, k_cache, v_cache, scale, out
+
+
+class _CaptureBackend:
+    """Stands in for the attention backend while a bucket is captured: the KV write stays in the graph, the
+    attention becomes a break between two graphs."""
+
+    name = "piecewise-capture"
+
+    def __init__(self, graphs: PiecewiseGraphs, capturing: bool):
+        self.g = graphs
+        self.capturing = capturing
+        self.pieces: list[_Piece] = []
+        self.graphs: list[torch.cuda.CUDAGraph] = []
+        self.current: torch.cuda.CUDAGraph | None = None
+
+    def begin(self) -> None:
+        if self.capturing:
+            self.current = torch.cuda.CUDAGraph()
+            self.current.capture_begin(pool=self.g.pool)
+
+    def end(self) -> None:
+        if self.capturing:
+            self.current.capture_end()
+            self.g.pool = self.current.pool()
+            self.graphs.append(self.current)
+            self.current = None
+
+    def _break(self, q, k_cache, v_cache, scale) -> torch.Tensor:
+        self.end()
+        out = self.g.attention_output(q)
+        self.pieces.append(_Piece(q, k_cache, v_cache, scale, out))
+        self.begin()
+        return out
+
+    def forward_rotary(self, positions, cos_sin_cache, q, k, v, k_cache, v_cache, meta, scale):
+        from tachyon.kernels.fused_ops import rotary_write_kv
+
+        rotary_write_kv(positions, q, k, v, cos_sin_cache, k_cache, v_cache, meta.slot_mapping)
+        return self._break(q, k_cache, v_cache, scale)
+
+    def forward(self, q, k, v, k_cache, v_cache, meta, scale):
+        from tachyon.kernels.kv_write import write_kv
+
+        write_kv(k, v, k_cache, v_cache, meta.slot_mapping)
+        return self._break(q, k_cache, v_cache, scale)
+
+
+class _Bucket:
+    __slots__ = ("size", "graphs", "pieces", "hidden")
+
+    def __init__(self, size, graphs, pieces, hidden):
+        self.size, self.graphs, self.pieces, self.hidden = size, graphs, pieces, hidden
+
+
+class PiecewiseGraphs:
+    def __init__(self, runner, sizes: list[int]):
+        self.runner = runner
+        self.sizes = sizes
+        dev = runner.device
+        T = sizes[-1]
+        self.input_ids = torch.zeros(T, dtype=torch.long, device=dev)
+        self.positions = torch.zeros(T, dtype=torch.long, device=dev)
+        self.slot_mapping = torch.full((T,), -1, dtype=torch.long, device=dev)
+        self.buckets: dict[int, _Bucket] = {}
+        self.pool = None
+        # one attention output for every layer and bucket: graph i+1 reads layer i's before layer i+1 writes it
+        self._attn_out: torch.Tensor | None = None
+
+    def attention_output(self, q: torch.Tensor) -> torch.Tensor:
+        if self._attn_out is None:  # the largest bucket comes first; zeros, so padding rows stay finite
+            self._attn_out = torch.zeros((self.sizes[-1], *q.shape[1:]), dtype=q.dtype, device=q.device)
+        return self._attn_out[: q.shape[0]]
+
+    @classmethod
+    @torch.inference_mode()
+    def capture(cls, runner) -> PiecewiseGraphs:
+        self = cls(runner, piecewise_buckets(runner.config.scheduler.max_num_batched_tokens))
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            for T in reversed(self.sizes):  # largest first: the smaller buckets reuse its memory pool
+                self._forward(T, capturing=False)  # warm-up: kernels compile, workspaces are allocated
+                backend = _CaptureBackend(self, capturing=True)
+                torch.cuda.synchronize()
+                backend.begin()
+                hidden = self._forward(T, capturing=True, backend=backend)
+                backend.end()
+                assert len(backend.graphs) == len(backend.pieces) + 1
+                self.buckets[T] = _Bucket(T, backend.graphs, backend.pieces, hidden)
+        torch.cuda.current_stream().wait_stream(stream)
+        torch.cuda.synchronize()
+        return self
+
+    def _forward(self, T: int, capturing: bool, backend: _CaptureBackend | None = None) -> torch.Tensor:
+        r = self.runner
+        backend = backend or _CaptureBackend(self, capturing=False)
+        meta = AttentionMetadata(slot_mapping=self.slot_mapping[:T], query_start_loc=None, seq_lens=None,
+                                 block_tables=None, num_decodes=0, max_query_len=T, max_seq_len=T)
+        return r.model(self.input_ids[:T], self.positions[:T], r.kv_caches, meta, backend)
+
+    @property
+    def max_tokens(self) -> int:
+        return self.sizes[-1]
+
+    def fits(self, num_tokens: int) -> bool:
+        return num_tokens <= self.sizes[-1]
+
+    def replay(self, input_ids: torch.Tensor, positions: np.ndarray, slots: np.ndarray,
+               meta: AttentionMetadata) -> torch.Tensor:
+        """One step's forward: input_ids [T] on the device, positions and slots host arrays, meta the step's
+        attention metadata. Returns the final hidden states [T, hidden] (a view of the bucket's output)."""
+        T = len(positions)
+        bucket = self.buckets[self.sizes[bisect.bisect_left(self.sizes, T)]]
+        B = bucket.size
+        stage = torch.empty(2, B, dtype=torch.long, pin_memory=True)
+        st = stage.numpy()
+        st[0, :T], st[0, T:] = positions, 0
+        st[1, :T], st[1, T:] = slots, -1
+        staged = stage.to(self.input_ids.device, non_blocking=True)
+        self.input_ids[:T].copy_(input_ids)
+        self.input_ids[T:B].zero_()
+        self.positions[:B].copy_(staged[0])
+        self.slot_mapping[:B].copy_(staged[1])
+        attend = self.runner.backend.attend
+        for graph, piece in zip(bucket.graphs, bucket.pieces + [None], strict=True):
+            graph.replay()
+            if piece is not None:
+                attend(piece.q[:T], piece.k_cache, piece.v_cache, meta, piece.scale, out=piece.out[:T])
+        return bucket.hidden[:T]
