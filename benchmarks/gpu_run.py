@@ -91,7 +91,8 @@ def triton_vs_torch(model_dir: str, enforce_eager: bool, dtype: str = "bfloat16"
               swap_space=0, gpu_memory_utilization=0.3, max_model_len=2048)
     runner = llm.engine.runner
     ref_backend = TorchAttentionBackend()
-    errs, argmax_same, kinds = [], [], {"mixed": 0, "decode_only": 0, "prefill_only": 0, "graph_steps": 0}
+    errs, argmax_same, kinds = [], [], {"mixed": 0, "decode_only": 0, "prefill_only": 0, "graph_steps": 0,
+                                        "piecewise_graph_steps": 0}
     captured = {}
     orig_sample = runner.sampler.sample
 
@@ -116,6 +117,8 @@ def triton_vs_torch(model_dir: str, enforce_eager: bool, dtype: str = "bfloat16"
         kinds["decode_only" if nd == S else "prefill_only" if nd == 0 else "mixed"] += 1
         if nd == S and runner.cuda_graphs is not None and runner.cuda_graphs.fits(S):
             kinds["graph_steps"] += 1
+        elif nd != S and runner.piecewise_graphs is not None and runner.piecewise_graphs.fits(len(x.positions)):
+            kinds["piecewise_graph_steps"] += 1
         captured.pop("logits", None)
         result = orig_submit(out)
         if ref is not None:
