@@ -3,6 +3,9 @@
 # word tokenizer) and `tachyon bench serve` against it over HTTP, one JSON per load point under $OUT.
 # The GPU image has no fastapi/uvicorn/pydantic: they come as py3.12 wheels from .whl/ (the README says how to fill it).
 # Usage (repo root, on the GPU machine, with .whl/ carried): OUT=dir bash benchmarks/h200_serve.sh
+#   LOADS="c1 c16 c64 c256 poisson20" (default: all five) picks the load points;
+#   PEER=1 also measures each with vLLM's own client (benchmark_serving.py, copied from ../shared/peer-bench
+#   into the git-ignored .peer-bench/ and carried) right before `tachyon bench serve`.
 set -u
 SITE=/tmp/tachyon_site
 # .whl/ is git-ignored: pass it to the device tool with carry=[".whl"]. A wheel is a zip: unpack the ones whose
@@ -37,11 +40,22 @@ PY
 done
 B="python -m tachyon bench serve --base-url http://127.0.0.1:8011 --tokenizer $MODEL --prompt-format text \
    --workload serve --no-progress --goodput ttft:2000 e2el:5000 --percentiles 50,90,99"
-$B --num-prompts 16 --max-concurrency 1 --output "$OUT/serve_c1.json"
-$B --num-prompts 128 --max-concurrency 16 --output "$OUT/serve_c16.json"
-$B --num-prompts 256 --max-concurrency 64 --output "$OUT/serve_c64.json"
-$B --num-prompts 1000 --max-concurrency 256 --output "$OUT/serve_c256.json"
-$B --num-prompts 600 --request-rate 20 --output "$OUT/serve_poisson20.json"
+peer() {  # N CONC RATE NAME: vLLM's client, same lengths (512 in, 256 out, ignore_eos)
+  [ "${PEER:-0}" = 1 ] || return 0
+  IN=512 OUT=256 N=$1 CONC=$2 RATE=$3 RESULT_DIR="$OUT/peer_$4" bash .peer-bench/run_foreign_bench.sh \
+    http://127.0.0.1:8011 auto "$PWD/$MODEL" > "$OUT/peer_$4.log" 2>&1
+  grep -E "Output token throughput|Mean TPOT|P99 TTFT|P99 E2EL|Mean TTFT|Failed" "$OUT/peer_$4.log" | sed "s/^/peer $4: /"
+  mv "$OUT"/peer_$4/*.json "$OUT/peer_$4.json" 2>/dev/null; rm -rf "$OUT/peer_$4" "$OUT/peer_$4.log"
+}
+for load in ${LOADS:-c1 c16 c64 c256 poisson20}; do
+  case $load in
+    c1) peer 16 1 inf c1; $B --num-prompts 16 --max-concurrency 1 --output "$OUT/serve_c1.json" ;;
+    c16) peer 128 16 inf c16; $B --num-prompts 128 --max-concurrency 16 --output "$OUT/serve_c16.json" ;;
+    c64) peer 256 64 inf c64; $B --num-prompts 256 --max-concurrency 64 --output "$OUT/serve_c64.json" ;;
+    c256) peer 1000 256 inf c256; $B --num-prompts 1000 --max-concurrency 256 --output "$OUT/serve_c256.json" ;;
+    poisson20) peer 600 1000 20 poisson20; $B --num-prompts 600 --request-rate 20 --output "$OUT/serve_poisson20.json" ;;
+  esac
+done
 kill -TERM $SERVER; wait $SERVER
 tail -5 "$OUT/server.log"
 # the device tool brings back 8 files per call: keep the five JSONs and the log (`tachyon bench --compare` on the
