@@ -59,7 +59,10 @@ def profile_num_blocks(runner) -> int:
     torch.cuda.empty_cache()
     free, total = torch.cuda.mem_get_info()
     non_torch = (total - free) - torch.cuda.memory_reserved()
-    budget = total * cfg.cache.gpu_memory_utilization - non_torch - (peak - scratch) - (256 << 20)  # graphs etc.
+    activations = peak - scratch
+    # piecewise graphs (steps with prefill tokens) keep a pool as large as the largest step's activations
+    graphs = activations if cfg.mixed_cuda_graphs else 0
+    budget = total * cfg.cache.gpu_memory_utilization - non_torch - activations - graphs - (256 << 20)
     n = int(budget // runner.kv_bytes_per_block())
     if n < 2:
         raise ValueError(f"no GPU memory left for the KV cache after weights and activations (peak "

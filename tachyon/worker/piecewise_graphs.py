@@ -33,7 +33,7 @@ def piecewise_buckets(max_tokens: int) -> list[int]:
 class _Piece:
     """What runs after graph i: attention of layer i on the graph's query rows into a fixed output."""
 
-    __slots__ = ("q", "k_cache", "v_cache", "scale", "out")
+    __slots__ = ("q", "k_cache", "v_cache", "scale", "out")  # q and out: buffers every piece shares
 
     def __init__(self, q, k_cache, v_cache, scale, out):
         self.q, self.k_cache, self.v_cache, self.scale, self.out = q, k_cache, v_cache, scale, out
@@ -65,9 +65,13 @@ class _CaptureBackend:
             self.current = None
 
     def _break(self, q, k_cache, v_cache, scale) -> torch.Tensor:
+        # the query goes to a buffer every layer shares, so no layer's qkv projection outlives its piece (held
+        # for the replay, 32 of them would pin ~100 MB each at 8192 tokens)
+        q_static = self.g.shared_buffer("q", q)
+        q_static.copy_(q)
         self.end()
-        out = self.g.attention_output(q)
-        self.pieces.append(_Piece(q, k_cache, v_cache, scale, out))
+        out = self.g.shared_buffer("out", q)
+        self.pieces.append(_Piece(q_static, k_cache, v_cache, scale, out))
         self.begin()
         return out
 
@@ -102,13 +106,16 @@ class PiecewiseGraphs:
         self.slot_mapping = torch.full((T,), -1, dtype=torch.long, device=dev)
         self.buckets: dict[int, _Bucket] = {}
         self.pool = None
-        # one attention output for every layer and bucket: graph i+1 reads layer i's before layer i+1 writes it
-        self._attn_out: torch.Tensor | None = None
+        # one query and one attention output for every layer and bucket: graph i+1 reads layer i's output
+        # (and attention i its query) before anything writes them again
+        self._shared: dict[str, torch.Tensor] = {}
 
-    def attention_output(self, q: torch.Tensor) -> torch.Tensor:
-        if self._attn_out is None:  # the largest bucket comes first; zeros, so padding rows stay finite
-            self._attn_out = torch.zeros((self.sizes[-1], *q.shape[1:]), dtype=q.dtype, device=q.device)
-        return self._attn_out[: q.shape[0]]
+    def shared_buffer(self, name: str, like: torch.Tensor) -> torch.Tensor:
+        buf = self._shared.get(name)
+        if buf is None:  # the largest bucket comes first; zeros, so padding rows stay finite
+            buf = self._shared[name] = torch.zeros((self.sizes[-1], *like.shape[1:]), dtype=like.dtype,
+                                                   device=like.device)
+        return buf[: like.shape[0]]
 
     @classmethod
     @torch.inference_mode()
@@ -122,8 +129,16 @@ class PiecewiseGraphs:
                 backend = _CaptureBackend(self, capturing=True)
                 torch.cuda.synchronize()
                 backend.begin()
-                hidden = self._forward(T, capturing=True, backend=backend)
-                backend.end()
+                try:
+                    hidden = self._forward(T, capturing=True, backend=backend)
+                    backend.end()
+                except BaseException:
+                    if backend.current is not None:  # leave no stream capturing behind (the engine goes on)
+                        try:
+                            backend.current.capture_end()
+                        except Exception:
+                            pass
+                    raise
                 assert len(backend.graphs) == len(backend.pieces) + 1
                 self.buckets[T] = _Bucket(T, backend.graphs, backend.pieces, hidden)
         torch.cuda.current_stream().wait_stream(stream)
