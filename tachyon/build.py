@@ -21,18 +21,28 @@ logger = logging.getLogger("tachyon")
 
 def build_engine(args: EngineArgs) -> LLMEngine:
     t0 = time.perf_counter()
-    device = args.resolve_device()
-    path = model_path(args)
-    config = args.create_engine_config(load_config(path), device)
-    bare_config = path.endswith(".json")  # a bare config.json: no tokenizer beside it, random weights
-    tokenizer = load_tokenizer(args.tokenizer or (None if bare_config else path))
-    runner = ModelRunner(config, None if args.load_format == "dummy" and bare_config else path, args.load_format)
-    num_blocks, num_cpu_blocks = prepare_runner(config, runner)
+    config, runner, num_blocks, num_cpu_blocks = build_runner(args)
+    tokenizer = front_end_tokenizer(args)
     engine = LLMEngine(config, tokenizer, runner, num_blocks, num_cpu_blocks)
     engine.startup_time_s = time.perf_counter() - t0
     logger.info("engine ready in %.1fs: %d KV blocks of %d tokens", engine.startup_time_s, num_blocks,
                 args.block_size)
     return engine
+
+
+def build_runner(args: EngineArgs) -> tuple[EngineConfig, ModelRunner, int, int]:
+    """The config, a ready runner (weights, KV pool, swap space, graphs), and its (device, CPU) block counts."""
+    path = model_path(args)
+    config = args.create_engine_config(load_config(path), args.resolve_device())
+    bare_config = path.endswith(".json")  # a bare config.json: random weights
+    runner = ModelRunner(config, None if args.load_format == "dummy" and bare_config else path, args.load_format)
+    return (config, runner, *prepare_runner(config, runner))
+
+
+def front_end_tokenizer(args: EngineArgs):
+    """The model's tokenizer (none beside a bare config.json)."""
+    path = model_path(args)
+    return load_tokenizer(args.tokenizer or (None if path.endswith(".json") else path))
 
 
 def prepare_runner(config: EngineConfig, runner: ModelRunner) -> tuple[int, int]:
@@ -51,12 +61,7 @@ def build_core(args: EngineArgs):
     from tachyon.engine.core import EngineCore
 
     t0 = time.perf_counter()
-    device = args.resolve_device()
-    path = model_path(args)
-    config = args.create_engine_config(load_config(path), device)
-    runner = ModelRunner(config, None if args.load_format == "dummy" and path.endswith(".json") else path,
-                         args.load_format)
-    num_blocks, num_cpu_blocks = prepare_runner(config, runner)
+    config, runner, num_blocks, num_cpu_blocks = build_runner(args)
     core = EngineCore(config, runner, num_blocks, num_cpu_blocks)
     info = {"config": config, "num_kv_blocks": core.kv.num_blocks, "startup_time_s": time.perf_counter() - t0,
             "timings": dict(runner.timings)}
@@ -69,9 +74,7 @@ def build_engine_client(args: EngineArgs):
     """`tachyon serve`: the engine core in its own process, and the client this process talks to it with."""
     from tachyon.engine.core_client import MPEngineClient
 
-    path = model_path(args)
-    tokenizer = load_tokenizer(args.tokenizer or (None if path.endswith(".json") else path))
-    return MPEngineClient(build_core, args, tokenizer)
+    return MPEngineClient(build_core, args, front_end_tokenizer(args))
 
 
 def model_path(args: EngineArgs) -> str:
