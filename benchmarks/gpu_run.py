@@ -18,6 +18,7 @@ import tempfile
 import time
 import traceback
 
+import numpy as np
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -161,8 +162,8 @@ def _hf_greedy(hf_model, prompts, new) -> list[list[int]]:
 
 
 def _agreement(a: list[list[int]], b: list[list[int]], new: int) -> dict:
-    firsts = [next((i for i, (x, y) in enumerate(zip(u, v)) if x != y), new) for u, v in zip(a, b)]
-    return {"exact_fraction": sum(u == v for u, v in zip(a, b)) / len(a),
+    firsts = [next((i for i, (x, y) in enumerate(zip(u, v, strict=False)) if x != y), new) for u, v in zip(a, b, strict=True)]
+    return {"exact_fraction": sum(u == v for u, v in zip(a, b, strict=True)) / len(a),
             "mean_tokens_before_first_divergence": sum(firsts) / len(firsts)}
 
 
@@ -337,6 +338,130 @@ def run_offline(llm, reqs) -> dict:
             "mean_ttft_s": sum(first.values()) / len(first), "time_to_all_first_tokens_s": max(first.values()),
             "steps": {k: {"count": c, "seconds": round(t, 3), "tokens": n, "ms_per_step": round(1e3 * t / max(c, 1), 3)}
                       for k, (c, t, n) in steps.items()}}
+
+
+def _triton_compiled() -> int:
+    """How many kernel variants Triton holds compiled for tachyon's kernels (a rise mid-run is a JIT stall)."""
+    import importlib
+    import pkgutil
+
+    from triton.runtime.jit import JITFunction
+
+    import tachyon.kernels
+
+    n = 0
+    for m in pkgutil.iter_modules(tachyon.kernels.__path__):
+        mod = importlib.import_module(f"tachyon.kernels.{m.name}")
+        for v in vars(mod).values():
+            fn = getattr(v, "fn", v)  # autotuned/heuristics wrappers hold the JITFunction in .fn
+            if isinstance(fn, JITFunction):
+                n += sum(len(c[0]) for c in getattr(fn, "device_caches", {}).values())
+    return n
+
+
+def run_poisson(llm, reqs, rate: float, seed: int = 0) -> dict:
+    """Requests arrive as a Poisson process of `rate` per second (in-process: the engine's own latency, no
+    HTTP or IPC); arrival times are the schedule's, so a request the host admits late counts its wait.
+    Also the step trace (host seconds per engine.step by kind), GC pauses and Triton compiles during the run."""
+    eng = llm.engine
+    rng = np.random.default_rng(seed)
+    gaps = rng.exponential(1.0 / rate, len(reqs))
+    sched = eng.scheduler
+    orig = sched.schedule
+    trace = []
+
+    def schedule(num_in_flight=0):
+        out = orig(num_in_flight)
+        schedule.last = (sum(x.num_new_tokens for x in out.seqs), sum(x.num_new_tokens == 1 for x in out.seqs))
+        return out
+
+    schedule.last = (0, 0)
+    gc_pauses, gc_t = [], [0.0]
+
+    def on_gc(phase, info):
+        if phase == "start":
+            gc_t[0] = time.perf_counter()
+        else:
+            gc_pauses.append((info["generation"], time.perf_counter() - gc_t[0]))
+
+    sched.schedule = schedule
+    gc.callbacks.append(on_gc)
+    compiled0 = _triton_compiled()
+    res = {}
+    t0 = time.monotonic()
+    arrivals = t0 + np.cumsum(gaps)
+    i = 0
+    try:
+        with torch.inference_mode():
+            while i < len(reqs) or eng.has_unfinished_requests():
+                now = time.monotonic()
+                while i < len(reqs) and arrivals[i] <= now:
+                    r = reqs[i]
+                    eng.add_request(f"q{i}", None, r.prompt_token_ids,
+                                    SamplingParams(temperature=0, max_tokens=r.output_len, ignore_eos=True),
+                                    arrival_time=float(arrivals[i]), stream=False)
+                    i += 1
+                if not eng.has_unfinished_requests():
+                    time.sleep(max(0.0, arrivals[i] - time.monotonic()))
+                    continue
+                schedule.last = (0, 0)
+                ts = time.monotonic()
+                for o in eng.step():
+                    if o.finished:
+                        m = o.metrics
+                        n = len(o.outputs[0].token_ids)
+                        res[o.request_id] = (m.first_token_time - m.arrival_time, m.finished_time - m.arrival_time,
+                                             (m.finished_time - m.first_token_time) / max(n - 1, 1))
+                trace.append((ts - t0, time.monotonic() - ts, *schedule.last))
+    finally:
+        del sched.schedule
+        gc.callbacks.remove(on_gc)
+    ttft, e2el, tpot = (np.array(v) * 1e3 for v in zip(*res.values(), strict=True))
+    dur = max(t + w for t, w, *_ in trace)
+
+    def pct(a):
+        return {"mean": round(float(a.mean()), 2), "median": round(float(np.median(a)), 2),
+                "p90": round(float(np.percentile(a, 90)), 2), "p99": round(float(np.percentile(a, 99)), 2),
+                "max": round(float(a.max()), 2)}
+
+    host = np.array([w for _, w, *_ in trace]) * 1e3
+    kinds = {"decode": [w for _, w, tok, nd in trace if tok and tok == nd],
+             "mixed": [w for _, w, tok, nd in trace if tok and tok != nd],
+             "none": [w for _, w, tok, nd in trace if not tok]}
+    slow = sorted(trace, key=lambda x: -x[1])[:12]
+    return {"requests": len(res), "rate": rate, "duration_s": round(dur, 2),
+            "output_tok_s": sum(r.output_len for r in reqs) / dur,
+            "ttft_ms": pct(ttft), "tpot_ms": pct(tpot), "e2el_ms": pct(e2el),
+            "steps": {k: {"count": len(v), "mean_host_ms": round(1e3 * float(np.mean(v)), 3) if v else None}
+                      for k, v in kinds.items()},
+            "step_host_ms": pct(host),
+            "slowest_steps": [{"t_s": round(t, 3), "host_ms": round(1e3 * w, 2), "tokens": tok, "decodes": nd}
+                              for t, w, tok, nd in slow],
+            "gc": {"collections": len(gc_pauses), "gen2": sum(g == 2 for g, _ in gc_pauses),
+                   "max_ms": round(1e3 * max((p for _, p in gc_pauses), default=0.0), 2),
+                   "total_ms": round(1e3 * sum(p for _, p in gc_pauses), 2)},
+            "triton_compiles_during_run": _triton_compiled() - compiled0}
+
+
+def _recapture_piecewise(llm, sizes: list[int] | None) -> float:
+    """Replace the runner's piecewise graphs by ones with these buckets (None: mixed steps run eagerly)."""
+    from tachyon.worker import piecewise_graphs as pg
+
+    runner = llm.engine.runner
+    runner.piecewise_graphs = None
+    gc.collect()
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    if sizes is None:
+        return 0.0
+    t = time.perf_counter()
+    orig = pg.piecewise_buckets
+    pg.piecewise_buckets = lambda max_tokens, per_octave=8: sizes
+    try:
+        runner.piecewise_graphs = pg.PiecewiseGraphs.capture(runner)
+    finally:
+        pg.piecewise_buckets = orig
+    return time.perf_counter() - t
 
 
 def graph_kernel_profile(llm, batch: int) -> dict:
@@ -648,6 +773,39 @@ def cmd_perf(args) -> dict:
         llm.engine.kv.enable_prefix_caching = True
         out["prefix"] = res
         save()
+    if "poisson" in wl:
+        # 512 in / 256 out at 20 req/s in-process, by piecewise bucket policy (the serve table's Poisson point
+        # without the HTTP process); prefix caching off as `tachyon bench serve --no-enable-prefix-caching`
+        from tachyon.worker.piecewise_graphs import piecewise_buckets
+
+        llm.engine.kv.enable_prefix_caching = False
+        spec = NAMED["serve"]
+        spec.num_prompts = args.poisson_prompts
+        reqs = build(spec, vocab)
+        mt = args.max_num_batched_tokens
+        coarse = [s for s in (16, 32, 64, 128, 256, 384, 512, 768, 1024, 1536, 2048, 3072, 4096, 6144) if s < mt]
+        variants = {"fine": None, "fine_depth2": None, "coarse": coarse + [mt], "eager": "eager"}
+        out["poisson"] = {"buckets": {"fine": piecewise_buckets(mt), "coarse": coarse + [mt]}}
+        for name in args.poisson_variants.split(","):
+            v = variants[name]
+            fine = name.startswith("fine")
+            cap = 0.0 if fine else _recapture_piecewise(llm, None if v == "eager" else v)
+            if fine and llm.engine.runner.piecewise_graphs is None:
+                log("poisson: no piecewise graphs to run 'fine' with")
+            sc = llm.engine.config.scheduler
+            depth = sc.num_scheduler_steps
+            if name == "fine_depth2":  # one step in flight behind the one the host prepares, not two
+                sc.num_scheduler_steps = 2
+            try:
+                r = run_poisson(llm, reqs, args.poisson_rate)
+            finally:
+                sc.num_scheduler_steps = depth
+            r["capture_s"] = cap
+            r["num_scheduler_steps"] = 2 if name == "fine_depth2" else depth
+            out["poisson"][name] = r
+            log("poisson", name, json.dumps(r)[:1500])
+            save()
+        llm.engine.kv.enable_prefix_caching = True
     if "floor" in wl:
         try:
             out["decode_floor"] = [decode_floor(llm, b, c) for b, c in ((1, 768), (4, 640), (16, 640), (64, 640),
@@ -675,6 +833,10 @@ def main():
     ap.add_argument("--num-scheduler-steps", type=int, default=None)
     ap.add_argument("--no-pdl", action="store_true", help="perf: launch the Triton kernels without PDL")
     ap.add_argument("--random-runs", type=int, default=1, help="perf: run `random` this many times (the repeats with the prefix cache off)")
+    ap.add_argument("--poisson-rate", type=float, default=20.0)
+    ap.add_argument("--poisson-prompts", type=int, default=400)
+    ap.add_argument("--poisson-variants", default="fine,coarse,eager",
+                    help="perf/poisson: piecewise bucket policies to run (fine: the default; coarse: run 20's)")
     ap.add_argument("--hf-concurrency", default="1,4,16,64,256")
     ap.add_argument("--hf-out", type=int, default=256)
     ap.add_argument("--greedy-only", action="store_true", help="correctness: skip the Triton-vs-torch logits check")

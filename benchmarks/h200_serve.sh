@@ -42,7 +42,8 @@ B="python -m tachyon bench serve --base-url http://127.0.0.1:8011 --tokenizer $M
    --workload serve --no-progress --goodput ttft:2000 e2el:5000 --percentiles 50,90,99"
 peer() {  # N CONC RATE NAME: vLLM's client, same lengths (512 in, 256 out, ignore_eos)
   [ "${PEER:-0}" = 1 ] || return 0
-  IN=512 OUT=256 N=$1 CONC=$2 RATE=$3 RESULT_DIR="$OUT/peer_$4" bash .peer-bench/run_foreign_bench.sh \
+  local dir="$OUT/peer_$4"  # before the call: its OUT=256 (output length) would shadow $OUT here
+  IN=512 OUT=256 N=$1 CONC=$2 RATE=$3 RESULT_DIR="$dir" bash .peer-bench/run_foreign_bench.sh \
     http://127.0.0.1:8011 auto "$PWD/$MODEL" > "$OUT/peer_$4.log" 2>&1
   grep -E "Output token throughput|Mean TPOT|P99 TTFT|P99 E2EL|Mean TTFT|Failed" "$OUT/peer_$4.log" | sed "s/^/peer $4: /"
   mv "$OUT"/peer_$4/*.json "$OUT/peer_$4.json" 2>/dev/null; rm -rf "$OUT/peer_$4" "$OUT/peer_$4.log"

@@ -14,6 +14,7 @@ If the core process dies, the pipe closes: the client fails every open request a
 
 from __future__ import annotations
 
+import gc
 import logging
 import multiprocessing as mp
 import threading
@@ -66,6 +67,10 @@ def core_process_main(build_core, args, conn) -> None:
     except BaseException as e:
         conn.send(("error", f"{type(e).__name__}: {e}\n{traceback.format_exc()}"))
         return
+    # what start-up built (model, tokenizer, graphs) lives as long as the process: out of the collector's
+    # sight, so a full collection mid-run scans only what the steps allocate
+    gc.collect()
+    gc.freeze()
     try:
         import torch
 
