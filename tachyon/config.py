@@ -31,6 +31,75 @@ def parse_dtype(dtype: str | torch.dtype) -> torch.dtype:
     return _DTYPES[dtype]
 
 
+QUANTIZATION_METHODS = ("awq", "int8")
+
+
+@dataclass(slots=True, frozen=True)
+class QuantConfig:
+    """How the linear layers (not embeddings, lm_head or norms) hold their weights.
+
+    method: "awq" (4-bit, groups of `group_size` input features with a scale and a zero point each, 16-bit
+    activations) or "int8" (8-bit, one scale per output feature). checkpoint_format: how the checkpoint stores
+    them: "awq" (AutoAWQ's qweight/qzeros/scales), "compressed-tensors" (llm-compressor's pack-quantized
+    weight_packed/weight_scale/weight_zero_point), "int8" (Tachyon's qweight/scales), or "dense" (16/32-bit
+    weights, quantized while they load: int8 only)."""
+
+    method: str
+    group_size: int = 128
+    checkpoint_format: str = "dense"
+    symmetric: bool = False  # compressed-tensors W4A16 without zero points (they are 8 then)
+
+    def __post_init__(self) -> None:
+        if self.method not in QUANTIZATION_METHODS:
+            raise ValueError(f"unknown quantization {self.method!r}; Tachyon runs {', '.join(QUANTIZATION_METHODS)}")
+        if self.method == "awq" and (self.group_size < 16 or self.group_size & (self.group_size - 1)):
+            raise ValueError(f"AWQ group size {self.group_size}: Tachyon's kernels take a power of two >= 16")
+
+
+def quant_config_from_hf(cfg: dict[str, Any]) -> QuantConfig | None:
+    """The checkpoint's own quantization (config.json `quantization_config`), None for a dense checkpoint."""
+    qc = cfg.get("quantization_config")
+    if not qc:
+        return None
+    method = str(qc.get("quant_method", "")).lower()
+    if method == "awq":
+        bits, version = qc.get("bits", qc.get("w_bit", 4)), str(qc.get("version", "gemm")).lower()
+        if bits != 4 or version != "gemm" or not qc.get("zero_point", True):
+            raise ValueError(f"AWQ checkpoint with bits={bits}, version={version!r}, zero_point="
+                             f"{qc.get('zero_point', True)}: Tachyon loads AutoAWQ's 4-bit GEMM layout with zero points")
+        return QuantConfig("awq", int(qc.get("group_size", qc.get("q_group_size", 128))), "awq")
+    if method == "int8":
+        return QuantConfig("int8", checkpoint_format="int8")
+    if method == "compressed-tensors":
+        fmt = qc.get("format")
+        groups = list((qc.get("config_groups") or {}).values())
+        if fmt != "pack-quantized" or len(groups) != 1:
+            raise ValueError(f"compressed-tensors checkpoint in format {fmt!r} with {len(groups)} config groups: "
+                             f"Tachyon loads one pack-quantized W4A16 group")
+        w, acts = groups[0].get("weights") or {}, groups[0].get("input_activations")
+        if (w.get("num_bits") != 4 or w.get("type", "int") != "int" or w.get("strategy") != "group" or acts
+                or w.get("actorder")):
+            raise ValueError(f"compressed-tensors scheme {w} (activations {acts}): Tachyon loads 4-bit int weights "
+                             f"in groups, 16-bit activations, no activation ordering (W4A16)")
+        return QuantConfig("awq", int(w.get("group_size") or 128), "compressed-tensors", bool(w.get("symmetric")))
+    raise ValueError(f"the checkpoint is quantized with {method!r}: Tachyon loads awq (AutoAWQ), "
+                     f"compressed-tensors W4A16 and its own int8")
+
+
+def resolve_quantization(cfg: dict[str, Any], requested: str | None) -> QuantConfig | None:
+    """What the engine runs: the checkpoint's quantization, or `requested` (--quantization) on a dense one.
+    A dense checkpoint quantizes to int8 while it loads; awq needs an AWQ checkpoint (`tachyon quantize`)."""
+    own = quant_config_from_hf(cfg)
+    if requested in (None, "none", "auto"):
+        return own
+    if own is not None:
+        if own.method != requested:
+            raise ValueError(f"--quantization {requested}, but the checkpoint is {own.method}-quantized: drop the "
+                             f"flag or pass --quantization {own.method}")
+        return own
+    return QuantConfig(requested, checkpoint_format="dense")
+
+
 @dataclass(slots=True)
 class ModelConfig:
     """The architecture of one Llama-family model, read from an HF `config.json` dict."""
@@ -54,6 +123,7 @@ class ModelConfig:
     eos_token_ids: list[int]
     sliding_window: int | None = None
     hf_config: dict[str, Any] = field(default_factory=dict, repr=False)
+    quantization: QuantConfig | None = None  # the checkpoint's; the engine may set int8 on a dense one
 
     @classmethod
     def from_dict(cls, cfg: dict[str, Any]) -> ModelConfig:
@@ -104,6 +174,7 @@ class ModelConfig:
             eos_token_ids=eos_ids,
             sliding_window=cfg.get("sliding_window") if cfg.get("use_sliding_window", True) else None,
             hf_config=cfg,
+            quantization=quant_config_from_hf(cfg),
         )
 
     @classmethod

@@ -8,6 +8,7 @@ arguments `LLM(...)` accepts (`field_names`), and the config dataclasses the eng
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import types
 import typing
 from dataclasses import dataclass, field, fields
@@ -15,7 +16,15 @@ from typing import Any
 
 import torch
 
-from tachyon.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig, parse_dtype
+from tachyon.config import (
+    QUANTIZATION_METHODS,
+    CacheConfig,
+    EngineConfig,
+    ModelConfig,
+    SchedulerConfig,
+    parse_dtype,
+    resolve_quantization,
+)
 
 # Step token budget when --max-num-batched-tokens is not given, by device type.
 DEFAULT_MAX_NUM_BATCHED_TOKENS = {"cuda": 8192, "cpu": 2048}
@@ -49,6 +58,11 @@ class EngineArgs:
     seed: int = _knob(0, "seed of the random weights (--load-format dummy) and of sampling without a request seed")
     load_format: str = _knob("auto", "auto: read the checkpoint; dummy: random weights, no checkpoint read",
                              choices=["auto", "dummy"])
+    quantization: str | None = _knob(None, "weight quantization: awq (4-bit in groups of 128, from an AWQ or "
+                                           "compressed-tensors W4A16 checkpoint, or random with --load-format "
+                                           "dummy) | int8 (8-bit per output channel; a dense checkpoint is "
+                                           "quantized while it loads). Default: what the checkpoint says",
+                                     choices=list(QUANTIZATION_METHODS))
     attention_backend: str = _knob("auto", "auto: triton on a GPU, torch on the CPU",
                                    choices=["auto", "torch", "triton"])
     enforce_eager: bool = _knob(False, "no CUDA graphs")
@@ -106,6 +120,7 @@ class EngineArgs:
     def create_engine_config(self, model: ModelConfig, device: torch.device) -> EngineConfig:
         """The engine's configs for `model` on `device`, with every `auto`/None knob resolved."""
         gpu = device.type == "cuda"
+        model = dataclasses.replace(model, quantization=resolve_quantization(model.hf_config, self.quantization))
         dtype = parse_dtype(self.dtype) if self.dtype != "auto" else (torch.bfloat16 if gpu else torch.float32)
         max_len = self.max_model_len or model.max_position_embeddings
         if model.sliding_window:

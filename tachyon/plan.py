@@ -43,7 +43,6 @@ MiB = 1 << 20
 
 FIXED_RESERVE_GIB = 1.0
 AWQ_GROUP = 128
-AWQ_BITS = 4 + 2 * 16 / AWQ_GROUP  # 4-bit weights + a 16-bit scale and a 16-bit zero per group of 128 = 4.25
 QUANTIZATIONS = ("none", "awq", "int8", "fp8")
 
 _FP8 = {"fp8": torch.float8_e4m3fn, "fp8_e4m3": torch.float8_e4m3fn, "float8_e4m3fn": torch.float8_e4m3fn,
@@ -62,8 +61,9 @@ def add_plan_args(p: argparse.ArgumentParser) -> None:
                    help="auto (= --dtype) | bf16 | fp16 | fp32 | fp8 (fp8 halves KV bytes; what-if: the engine "
                         "currently keeps KV in the model dtype)")
     p.add_argument("--quantization", default="none", choices=QUANTIZATIONS,
-                   help="weight quantization (what-if): awq = 4-bit, group 128 (~4.25 bits/linear weight); int8 = 8-bit "
-                        "+ per-channel scales; fp8 = 1 byte/linear weight. Embeddings and lm_head stay 16-bit")
+                   help="weight quantization: awq = 4-bit, group 128, a 4-bit zero and a 16-bit scale per group (~4.16 "
+                        "bits/linear weight); int8 = 8-bit + a scale per output channel (both as the engine holds "
+                        "them); fp8 = 1 byte/linear weight (what-if). Embeddings and lm_head stay 16-bit")
     p.add_argument("--gpu-mem", type=float, default=80.0, help="memory of one GPU in GiB (default 80)")
     p.add_argument("--gpus", type=int, default=1, help="number of GPUs (default 1)")
     p.add_argument("--tp", type=int, default=None, help="tensor-parallel size (default: --gpus, one replica)")
@@ -120,17 +120,19 @@ def weight_breakdown(cfg: ModelConfig, dtype: torch.dtype, quantization: str = "
     norms = cfg.num_layers * 2 * h + h
     assert linear + embed + norms == cfg.num_params()
     b = _elem(dtype)
-    out_channels = cfg.num_layers * ((q + 2 * kv) + h + 2 * i + h)  # qkv, o, gate+up, down
+    # (in, out) of each linear of a layer, as the engine holds them (fused qkv and gate/up)
+    shapes = [(h, q + 2 * kv), (q, h), (h, 2 * i), (i, h)]
     if quantization == "none":
         linear_bytes = linear * b
-    elif quantization == "awq":
-        linear_bytes = math.ceil(linear * AWQ_BITS / 8)
-    elif quantization == "int8":
-        linear_bytes = linear + out_channels * 2  # int8 weights + a 16-bit scale per output channel
+    elif quantization == "awq":  # layers/linear.py AWQLinear: int4 weights, per group a 4-bit zero and a scale
+        linear_bytes = cfg.num_layers * sum(K * N // 2 + (K // AWQ_GROUP) * N * (b + 0.5) for K, N in shapes)
+    elif quantization == "int8":  # Int8Linear: int8 weights + a scale per output feature
+        linear_bytes = cfg.num_layers * sum(K * N + N * b for K, N in shapes)
     elif quantization == "fp8":
         linear_bytes = linear  # + a per-tensor scale, negligible
     else:
         raise ValueError(f"unknown quantization {quantization!r}; use one of {QUANTIZATIONS}")
+    linear_bytes = int(linear_bytes)
     return {"params": linear + embed + norms, "linear_params": linear, "embedding_params": embed, "norm_params": norms,
             "linear_bytes": linear_bytes, "embedding_bytes": embed * b, "norm_bytes": norms * b,
             "total_bytes": linear_bytes + embed * b + norms * b}

@@ -14,6 +14,7 @@ from torch import nn
 from tachyon.config import ModelConfig
 from tachyon.layers.activation import silu_and_mul_ref
 from tachyon.layers.attention import AttentionMetadata
+from tachyon.layers.linear import QuantLinear, copy_checked, make_linear
 from tachyon.layers.norm import RMSNorm
 from tachyon.layers.rotary import RotaryEmbedding
 
@@ -26,8 +27,9 @@ class Attention(nn.Module):
         self.q_size = self.num_heads * self.head_dim
         self.kv_size = self.num_kv_heads * self.head_dim
         self.scale = self.head_dim ** -0.5
-        self.qkv_proj = nn.Linear(cfg.hidden_size, self.q_size + 2 * self.kv_size, bias=cfg.qkv_bias)
-        self.o_proj = nn.Linear(self.q_size, cfg.hidden_size, bias=False)
+        quant = cfg.quantization
+        self.qkv_proj = make_linear(cfg.hidden_size, self.q_size + 2 * self.kv_size, cfg.qkv_bias, quant)
+        self.o_proj = make_linear(self.q_size, cfg.hidden_size, False, quant)
         if cfg.qk_norm:
             self.q_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps)
             self.k_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps)
@@ -56,8 +58,9 @@ class Attention(nn.Module):
 class MLP(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
-        self.gate_up_proj = nn.Linear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=False)
-        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+        quant = cfg.quantization
+        self.gate_up_proj = make_linear(cfg.hidden_size, 2 * cfg.intermediate_size, False, quant)
+        self.down_proj = make_linear(cfg.intermediate_size, cfg.hidden_size, False, quant)
         self.act = silu_and_mul_ref  # the GPU runner swaps in the fused kernel
 
     def forward(self, x):
@@ -124,8 +127,10 @@ class LlamaForCausalLM(nn.Module):
 
     @torch.no_grad()
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
-        """Copy checkpoint tensors (HF names) into the fused parameters; complain about anything missing."""
+        """Copy checkpoint tensors (HF names) into the fused parameters; complain about anything missing.
+        A quantized layer takes its packed tensors through its own `load` (layers/linear.py)."""
         params = dict(self.named_parameters())
+        quant_layers = {n: m for n, m in self.named_modules() if isinstance(m, QuantLinear)}
         loaded: set[str] = set()
         c = self.cfg
         q, kv = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
@@ -137,24 +142,32 @@ class LlamaForCausalLM(nn.Module):
                 continue
             if name == "lm_head.weight" and c.tie_word_embeddings:
                 continue
-            for fused, part, shard in self.stacked_params:
+            start = size = shard = None
+            target = name
+            for fused, part, sh in self.stacked_params:
                 if f".{part}." in name:
-                    target = name.replace(part, fused)
-                    param = params.get(target)
-                    if param is None:
-                        raise ValueError(f"checkpoint tensor {name} has no place in {c.architecture}")
-                    start, size = qkv_offsets[shard] if fused == "qkv_proj" else (shard * inter, inter)
-                    _copy(param.data[start:start + size], tensor, name)
-                    loaded.add(f"{target}:{shard}")
+                    target, shard = name.replace(part, fused), sh
+                    start, size = qkv_offsets[sh] if fused == "qkv_proj" else (sh * inter, inter)
                     break
-            else:
-                param = params.get(name)
-                if param is None:
-                    raise ValueError(f"checkpoint tensor {name} has no place in {c.architecture}")
-                _copy(param.data, tensor, name)
+            layer_name, _, kind = target.rpartition(".")
+            layer = quant_layers.get(layer_name)
+            if layer is not None:
+                layer.load(kind, tensor, start or 0, size, name)
+                continue
+            param = params.get(target)
+            if param is None:
+                raise ValueError(f"checkpoint tensor {name} has no place in {c.architecture}"
+                                 + (f" ({c.quantization.method}-quantized)" if c.quantization else ""))
+            if shard is None:
+                copy_checked(param.data, tensor, name)
                 loaded.add(name)
+            else:
+                copy_checked(param.data[start:start + size], tensor, name)
+                loaded.add(f"{target}:{shard}")
         expected = set()
         for pname in params:
+            if pname.rpartition(".")[0] in quant_layers:
+                continue
             if ".qkv_proj." in pname:
                 expected |= {f"{pname}:{s}" for s in "qkv"}
             elif ".gate_up_proj." in pname:
@@ -164,11 +177,12 @@ class LlamaForCausalLM(nn.Module):
             else:
                 expected.add(pname)
         missing = sorted(expected - loaded)
+        parts = {"qkv_proj": 3, "gate_up_proj": 2}
+        for lname, layer in quant_layers.items():
+            gaps = layer.missing()
+            n = parts.get(lname.rpartition(".")[2], 1)
+            if layer.num_parts < n:
+                gaps.append(f"{n - layer.num_parts} of its {n} parts")
+            missing += [f"{lname}:{g}" for g in gaps]
         if missing:
             raise ValueError(f"checkpoint lacks {len(missing)} tensors, e.g. {missing[:4]}: is it complete?")
-
-
-def _copy(dst: torch.Tensor, src: torch.Tensor, name: str) -> None:
-    if tuple(dst.shape) != tuple(src.shape):
-        raise ValueError(f"checkpoint tensor {name} has shape {tuple(src.shape)}, the config expects {tuple(dst.shape)}")
-    dst.copy_(src)

@@ -73,9 +73,17 @@ def iter_weights(path: str) -> Iterator[tuple[str, torch.Tensor]]:
 
 def random_weights_(model: torch.nn.Module, seed: int = 0) -> None:
     """--load-format dummy: fill every parameter with small random values where it lives (no checkpoint)."""
+    from tachyon.layers.linear import QuantLinear
+
     gen = torch.Generator(device=next(model.parameters()).device).manual_seed(seed)
+    quant = {n for n, m in model.named_modules() if isinstance(m, QuantLinear)}
     with torch.no_grad():
+        for n, m in model.named_modules():
+            if n in quant:
+                m.random_(gen)  # packed integers and scales that dequantize to the same small range
         for name, p in model.named_parameters():
+            if name.rpartition(".")[0] in quant and not name.endswith(".bias"):
+                continue
             if "norm" in name:
                 p.fill_(1.0)
             else:

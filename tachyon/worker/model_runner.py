@@ -60,6 +60,11 @@ class ModelRunner:
         self.dtype = config.dtype
         self.block_size = config.cache.block_size
         t0 = time.perf_counter()
+        quant = config.model.quantization
+        if quant is not None and quant.method == "awq" and quant.checkpoint_format == "dense" and load_format != "dummy":
+            raise ValueError(f"--quantization awq needs an AWQ checkpoint (AutoAWQ, compressed-tensors W4A16, or what "
+                             f"`tachyon quantize --method awq` writes); {model_path} is dense: quantize it first, or run "
+                             f"it with --quantization int8, which quantizes a dense checkpoint while it loads")
         cls = model_class(config.model)
         max_pos = max(config.scheduler.max_model_len, config.model.max_position_embeddings)
         with torch.device("meta"):  # no time spent initialising weights that are overwritten anyway

@@ -1,0 +1,193 @@
+"""Linear layers: dense (nn.Linear) or weight-quantized (int8 per output channel, AWQ-style int4 in groups).
+
+`make_linear` picks the layer from the model's QuantConfig. A quantized layer keeps its packed weights as
+integer parameters (see `print(model)`), loads each checkpoint tensor into its slice of a fused projection
+(`load`: qkv_proj and gate_up_proj hold several checkpoint layers side by side along the output features),
+and computes with the Triton kernels on a GPU (`kernels/quant_linear.py`), the torch reference elsewhere
+(`kernels/quant_ref.py`, which also holds the layouts).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from tachyon.config import QuantConfig
+from tachyon.kernels.quant_ref import awq_linear_ref, awq_to_natural, int8_linear_ref, pack_int4, unpack_int4
+
+
+def make_linear(in_features: int, out_features: int, bias: bool, quant: QuantConfig | None) -> nn.Module:
+    if quant is None:
+        return nn.Linear(in_features, out_features, bias=bias)
+    if quant.method == "int8":
+        return Int8Linear(in_features, out_features, bias, quant)
+    return AWQLinear(in_features, out_features, bias, quant)
+
+
+def _int_param(*shape: int, dtype: torch.dtype) -> nn.Parameter:
+    return nn.Parameter(torch.empty(*shape, dtype=dtype), requires_grad=False)
+
+
+def quantize_int8(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """A dense [N, K] weight -> (int8 [N, K], fp32 scales [N]): symmetric, absmax / 127 per output feature."""
+    w = w.float()
+    scales = w.abs().amax(dim=1).clamp(min=1e-12) / 127.0
+    return torch.round(w / scales[:, None]).clamp(-127, 127).to(torch.int8), scales
+
+
+class QuantLinear(nn.Module):
+    """What both quantized layers share: the part bookkeeping of `load`, bias, and the reshape of forward."""
+
+    TENSORS: dict[str, tuple[str, ...]]  # checkpoint format -> the tensors one part needs
+
+    def __init__(self, in_features: int, out_features: int, bias: bool, quant: QuantConfig):
+        super().__init__()
+        self.in_features, self.out_features, self.quant = in_features, out_features, quant
+        self.bias = nn.Parameter(torch.empty(out_features)) if bias else None
+        self._loaded: set[tuple[int, str]] = set()
+        self._parts: set[tuple[int, int]] = set()
+
+    def load(self, kind: str, tensor: torch.Tensor, start: int = 0, size: int | None = None,
+             name: str = "") -> None:
+        """Put checkpoint tensor `kind` (qweight, scales, weight_packed, weight, bias, ...) of the part covering
+        output features [start, start + size) in place. `name` is the checkpoint name, for error messages."""
+        size = self.out_features if size is None else size
+        if kind == "bias":
+            if self.bias is None:
+                raise ValueError(f"checkpoint tensor {name} is a bias this layer does not have")
+            copy_checked(self.bias.data[start:start + size], tensor, name)
+        else:
+            fmt = self.quant.checkpoint_format
+            if kind not in self.TENSORS[fmt]:
+                raise ValueError(f"checkpoint tensor {name}: the layers of a {fmt}-format {self.quant.method} "
+                                 f"checkpoint hold {', '.join(self.TENSORS[fmt])}, not {kind!r}")
+            self._load(kind, tensor, start, size, name)
+        self._loaded.add((start, kind))
+        self._parts.add((start, size))
+
+    @property
+    def num_parts(self) -> int:
+        """Checkpoint layers loaded into this one so far (3 for a complete qkv_proj)."""
+        return len(self._parts)
+
+    def missing(self) -> list[str]:
+        """What the checkpoint did not give, per part (empty once complete)."""
+        need = self.TENSORS[self.quant.checkpoint_format] + (("bias",) if self.bias is not None else ())
+        starts = sorted({s for s, _ in self._parts}) or [0]
+        return [f"{kind}@{s}" for s in starts for kind in need if (s, kind) not in self._loaded]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x2 = x.reshape(-1, self.in_features)
+        y = self._matmul(x2)
+        return y.reshape(*x.shape[:-1], self.out_features)
+
+    def extra_repr(self) -> str:
+        return (f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, "
+                f"{self.quant.method}" + (f", group_size={self.quant.group_size}" if self.quant.method == "awq" else ""))
+
+
+class Int8Linear(QuantLinear):
+    """y = x @ (qweight * scales[:, None]).T + bias; qweight int8 [N, K], scales [N] in the model dtype."""
+
+    TENSORS = {"int8": ("qweight", "scales"), "dense": ("weight",)}
+
+    def __init__(self, in_features: int, out_features: int, bias: bool, quant: QuantConfig):
+        super().__init__(in_features, out_features, bias, quant)
+        self.qweight = _int_param(out_features, in_features, dtype=torch.int8)
+        self.scales = nn.Parameter(torch.empty(out_features), requires_grad=False)
+
+    def _load(self, kind, tensor, start, size, name):
+        if kind == "weight":  # a dense checkpoint, quantized here
+            if tuple(tensor.shape) != (size, self.in_features):
+                raise ValueError(f"checkpoint tensor {name} has shape {tuple(tensor.shape)}, the config expects "
+                                 f"{(size, self.in_features)}")
+            q, s = quantize_int8(tensor)
+            self.qweight.data[start:start + size].copy_(q)
+            self.scales.data[start:start + size].copy_(s)
+            self._loaded.update({(start, "qweight"), (start, "scales")})
+        elif kind == "qweight":
+            copy_checked(self.qweight.data[start:start + size], tensor, name)
+        else:
+            copy_checked(self.scales.data[start:start + size], tensor.reshape(-1), name)
+
+    def random_(self, gen: torch.Generator) -> None:
+        self.qweight.data.copy_(torch.randint(-127, 128, self.qweight.shape, generator=gen,
+                                              device=self.qweight.device, dtype=torch.int32))
+        self.scales.data.fill_(0.02 / 127)
+
+    def _matmul(self, x: torch.Tensor) -> torch.Tensor:
+        if x.is_cuda:
+            from tachyon.kernels.quant_linear import int8_linear
+
+            return int8_linear(x, self.qweight, self.scales, self.bias)
+        return int8_linear_ref(x, self.qweight, self.scales, self.bias)
+
+
+class AWQLinear(QuantLinear):
+    """W4A16 in groups of G input features: qweight int32 [K, N // 8], qzeros int32 [K // G, N // 8] (natural
+    nibble order, `kernels/quant_ref.py`), scales [K // G, N] in the model dtype."""
+
+    TENSORS = {"awq": ("qweight", "qzeros", "scales"),
+               "compressed-tensors": ("weight_packed", "weight_scale", "weight_zero_point", "weight_shape"),
+               "dense": ("weight",)}
+
+    def __init__(self, in_features: int, out_features: int, bias: bool, quant: QuantConfig):
+        super().__init__(in_features, out_features, bias, quant)
+        G = quant.group_size
+        if in_features % G or out_features % 8:
+            raise ValueError(f"a {in_features} -> {out_features} linear cannot be AWQ-quantized with group size {G}: "
+                             f"in_features must be a multiple of it and out_features of 8")
+        if quant.checkpoint_format == "compressed-tensors" and quant.symmetric:
+            self.TENSORS = {"compressed-tensors": ("weight_packed", "weight_scale", "weight_shape")}
+        self.qweight = _int_param(in_features, out_features // 8, dtype=torch.int32)
+        self.qzeros = _int_param(in_features // G, out_features // 8, dtype=torch.int32)
+        self.scales = nn.Parameter(torch.empty(in_features // G, out_features), requires_grad=False)
+
+    def _load(self, kind, tensor, start, size, name):
+        if start % 8 or size % 8:
+            raise ValueError(f"checkpoint tensor {name}: a part of {size} output features at {start} does not "
+                             f"fall on the 8-feature words of an int4 layer")
+        p0, p1 = start // 8, (start + size) // 8
+        if kind == "weight":
+            raise ValueError(f"checkpoint tensor {name} is dense: --quantization awq needs an AWQ checkpoint (make "
+                             f"one with `tachyon quantize --method awq`), or run it with --quantization int8")
+        if kind == "qweight":  # AutoAWQ: [K, N/8] interleaved
+            copy_checked(self.qweight.data[:, p0:p1], awq_to_natural(tensor.to(torch.int32)), name)
+        elif kind == "qzeros":
+            copy_checked(self.qzeros.data[:, p0:p1], awq_to_natural(tensor.to(torch.int32)), name)
+        elif kind == "scales":
+            copy_checked(self.scales.data[:, start:start + size], tensor, name)
+        elif kind == "weight_packed":  # compressed-tensors: [N, K/8] packed along K, values + 8
+            copy_checked(self.qweight.data[:, p0:p1], pack_int4(unpack_int4(tensor.to(torch.int32)).T.contiguous()), name)
+            if self.quant.symmetric:  # no zero points stored: the + 8 offset is the zero
+                self.qzeros.data[:, p0:p1] = pack_int4(torch.full((self.qzeros.shape[0], size), 8, dtype=torch.int32))
+        elif kind == "weight_scale":  # [N, K/G]
+            copy_checked(self.scales.data[:, start:start + size], tensor.T, name)
+        elif kind == "weight_zero_point":  # [N/8, K/G] packed along N: transposed, our layout
+            copy_checked(self.qzeros.data[:, p0:p1], tensor.to(torch.int32).T, name)
+        elif kind == "weight_shape":
+            if [int(v) for v in tensor.reshape(-1)] != [size, self.in_features]:
+                raise ValueError(f"checkpoint tensor {name} says {tensor.tolist()}, the config expects "
+                                 f"{[size, self.in_features]}")
+
+    def random_(self, gen: torch.Generator) -> None:
+        dev = self.qweight.device
+        self.qweight.data.copy_(torch.randint(-2 ** 31, 2 ** 31 - 1, self.qweight.shape, generator=gen, device=dev,
+                                              dtype=torch.int64).to(torch.int32))
+        self.qzeros.data.copy_(pack_int4(torch.full((self.qzeros.shape[0], self.out_features), 8, dtype=torch.int32,
+                                                    device=dev)))
+        self.scales.data.fill_(0.02 / 8)
+
+    def _matmul(self, x: torch.Tensor) -> torch.Tensor:
+        G = self.quant.group_size
+        if x.is_cuda:
+            from tachyon.kernels.quant_linear import awq_linear
+
+            return awq_linear(x, self.qweight, self.qzeros, self.scales, G, self.bias)
+        return awq_linear_ref(x, self.qweight, self.qzeros, self.scales, G, self.bias)
+
+
+def copy_checked(dst: torch.Tensor, src: torch.Tensor, name: str) -> None:
+    if tuple(dst.shape) != tuple(src.shape):
+        raise ValueError(f"checkpoint tensor {name} has shape {tuple(src.shape)}, the config expects {tuple(dst.shape)}")
+    dst.copy_(src)
