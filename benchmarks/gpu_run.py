@@ -654,8 +654,10 @@ def hf_sweep(concurrencies, in_len, out_len) -> dict:
 
 def cmd_perf(args) -> dict:
     wl = args.workloads.split(",")
-    out = {"env": env_info(), "model": "llama3-8b (benchmarks/models/llama3-8b.json), random bf16 weights",
-           "command": " ".join(sys.argv)}
+    model_path = os.path.join(HERE, "models", f"{args.model}.json")
+    weights = f"random {args.quantization} weights" if args.quantization else "random bf16 weights"
+    out = {"env": env_info(), "model": f"{args.model} (benchmarks/models/{args.model}.json), {weights}",
+           "quantization": args.quantization, "command": " ".join(sys.argv)}
     out["copy_bandwidth_TBps"] = copy_bandwidth() / 1e12
     log("copy bandwidth TB/s", out["copy_bandwidth_TBps"])
     if "hf" in wl:
@@ -664,7 +666,7 @@ def cmd_perf(args) -> dict:
         except Exception:
             out["hf_sweep"] = {"error": traceback.format_exc()}
     t = time.perf_counter()
-    llm = LLM(model=LLAMA8B, load_format="dummy", dtype="bfloat16", max_model_len=4096,
+    llm = LLM(model=model_path, load_format="dummy", dtype="bfloat16", max_model_len=4096, quantization=args.quantization,
               max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
               enable_prefix_caching=True, swap_space=0, num_scheduler_steps=args.num_scheduler_steps,
               enable_pdl=not args.no_pdl)
@@ -694,10 +696,13 @@ def cmd_perf(args) -> dict:
 
     if "single" in wl:
         req = build(NAMED["single"], vocab)[0]
+        if args.single_out:
+            req = type(req)(req.prompt_token_ids, args.single_out)
         run_single(llm, req)  # warm-up
         r = [run_single(llm, req) for _ in range(3)]
         best = sorted(r, key=lambda x: x["decode_tok_s"])[1]
-        kv_read = 0.5 * (512 + 1024) * 32 * 8 * 128 * 2 * 2  # mean context over the decode
+        mc = llm.engine.config.model
+        kv_read = (len(req.prompt_token_ids) + req.output_len / 2) * mc.kv_bytes_per_token_per_dtype_byte * 2  # mean context
         step_bytes = params - embed + kv_read
         ceiling = out["copy_bandwidth_TBps"] * 1e12 / step_bytes
         best["bytes_per_step_GB"] = step_bytes / 1e9
@@ -710,13 +715,16 @@ def cmd_perf(args) -> dict:
         except Exception:
             best["graph_kernels_batch1"] = {"error": traceback.format_exc()}
         best["step_ms"] = 1e3 / best["decode_tok_s"]
+        out["single"] = best
+        save()
         sc = llm.engine.config.scheduler
         best["num_scheduler_steps"] = k = sc.num_scheduler_steps
         sc.num_scheduler_steps = 1  # the same with one host round trip per token
-        best["one_step_per_round_trip"] = sorted((run_single(llm, req) for _ in range(3)),
-                                                 key=lambda x: x["decode_tok_s"])[1]
+        if not args.lean_single:
+            best["one_step_per_round_trip"] = sorted((run_single(llm, req) for _ in range(3)),
+                                                     key=lambda x: x["decode_tok_s"])[1]
         best["by_num_scheduler_steps"] = {}
-        for depth in (2, 3, 4, 8):
+        for depth in () if args.lean_single else (2, 3, 4, 8):
             sc.num_scheduler_steps = depth
             best["by_num_scheduler_steps"][depth] = sorted((run_single(llm, req) for _ in range(3)),
                                                           key=lambda x: x["decode_tok_s"])[1]["decode_tok_s"]
@@ -726,9 +734,11 @@ def cmd_perf(args) -> dict:
         save()
     if "sweep" in wl:
         out["sweep"] = {}
-        for c in [1, 4, 16, 64, 256]:
+        for c in [int(v) for v in args.sweep_concurrency.split(",")]:
             spec = NAMED["sweep"]
             spec.num_prompts = c
+            if args.sweep_out:
+                spec.output_len = args.sweep_out
             spec.seed = 1000 + c  # warm-up at this batch size: other prompts, so the prefix cache gives nothing
             run_offline(llm, [type(r)(r.prompt_token_ids, 8) for r in build(spec, vocab)])
             spec.seed = c  # fresh prompts per concurrency
@@ -828,6 +838,12 @@ def main():
     ap.add_argument("mode", choices=["correctness", "perf"])
     ap.add_argument("--out", required=True)
     ap.add_argument("--workloads", default="single,sweep,throughput,random,prefix,profile")
+    ap.add_argument("--model", default="llama3-8b", help="perf: a config under benchmarks/models (random weights)")
+    ap.add_argument("--quantization", default=None, choices=["awq", "int8"], help="perf: random packed weights")
+    ap.add_argument("--lean-single", action="store_true", help="perf/single: skip the scheduler-depth comparison")
+    ap.add_argument("--single-out", type=int, default=None, help="perf/single: output tokens (default: 512)")
+    ap.add_argument("--sweep-concurrency", default="1,4,16,64,256")
+    ap.add_argument("--sweep-out", type=int, default=None, help="perf/sweep: output tokens (default: the workload's)")
     ap.add_argument("--max-num-seqs", type=int, default=256)
     ap.add_argument("--max-num-batched-tokens", type=int, default=8192)
     ap.add_argument("--num-scheduler-steps", type=int, default=None)

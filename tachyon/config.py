@@ -52,8 +52,8 @@ class QuantConfig:
     def __post_init__(self) -> None:
         if self.method not in QUANTIZATION_METHODS:
             raise ValueError(f"unknown quantization {self.method!r}; Tachyon runs {', '.join(QUANTIZATION_METHODS)}")
-        if self.method == "awq" and (self.group_size < 16 or self.group_size & (self.group_size - 1)):
-            raise ValueError(f"AWQ group size {self.group_size}: Tachyon's kernels take a power of two >= 16")
+        if self.method == "awq" and (self.group_size < 32 or self.group_size & (self.group_size - 1)):
+            raise ValueError(f"AWQ group size {self.group_size}: Tachyon's kernels take a power of two >= 32")
 
 
 def quant_config_from_hf(cfg: dict[str, Any]) -> QuantConfig | None:

@@ -12,26 +12,103 @@ from __future__ import annotations
 
 import torch
 
-_SHIFTS = tuple(range(0, 32, 4))
+_FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 AWQ_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)  # AutoAWQ: nibble i of a packed word holds column AWQ_ORDER[i] of its 8
 
 
 def pack_int4(values: torch.Tensor) -> torch.Tensor:
-    """[R, C] integers 0..15 (C % 8 == 0) -> int32 [R, C // 8], column 8p + j in bits 4j..4j+3 of word p."""
-    R, C = values.shape
-    if C % 8:
-        raise ValueError(f"pack_int4 packs 8 values per int32: {C} columns is not a multiple of 8")
-    v = values.to(torch.int32).reshape(R, C // 8, 8)
-    out = torch.zeros(R, C // 8, dtype=torch.int32, device=values.device)
-    for j, s in enumerate(_SHIFTS):
-        out |= (v[:, :, j] & 0xF) << s
-    return out
+    """[R, C] integers in 0..15 (C % 8 == 0) -> int32 [R, C // 8], nibble j of word p = column 8p + j."""
+    if values.dim() != 2 or values.shape[1] % 8:
+        raise ValueError(f"pack_int4 takes [R, C] with C a multiple of 8, got {tuple(values.shape)}")
+    if values.dtype.is_floating_point or values.dtype == torch.bool:
+        raise TypeError(f"pack_int4 takes integer values, got {values.dtype}")
+    v = values.to(torch.int64)
+    if v.numel() and (int(v.min()) < 0 or int(v.max()) > 15):
+        raise ValueError("pack_int4 values must lie in 0..15")
+    v = v.view(v.shape[0], -1, 8)
+    packed = torch.zeros(v.shape[:2], dtype=torch.int64, device=v.device)
+    for j in range(8):
+        packed |= v[:, :, j] << (4 * j)
+    # words with nibble 7 >= 8 exceed int32's range: store their two's-complement bits
+    return torch.where(packed >= 2**31, packed - 2**32, packed).to(torch.int32)
 
 
 def unpack_int4(packed: torch.Tensor) -> torch.Tensor:
-    """int32 [R, P] -> int32 [R, 8P] values 0..15 (the inverse of pack_int4)."""
-    shifts = torch.tensor(_SHIFTS, dtype=torch.int32, device=packed.device)
+    """int32 [R, P] -> int32 [R, 8P] of values 0..15 (the inverse of pack_int4)."""
+    if packed.dim() != 2 or packed.dtype != torch.int32:
+        raise TypeError(f"unpack_int4 takes an int32 [R, P] tensor, got {packed.dtype} {tuple(packed.shape)}")
+    shifts = torch.arange(0, 32, 4, dtype=torch.int32, device=packed.device)
+    # >> on int32 copies the sign bit into the high bits; & 0xF keeps only the nibble
     return ((packed.unsqueeze(-1) >> shifts) & 0xF).reshape(packed.shape[0], -1)
+
+
+def _check_x(x: torch.Tensor, k: int, what: str) -> None:
+    if x.dim() != 2:
+        raise ValueError(f"{what}: x must be [M, K], got {tuple(x.shape)}")
+    if x.dtype not in _FLOAT_DTYPES:
+        raise TypeError(f"{what}: x must be float16, bfloat16 or float32, got {x.dtype}")
+    if x.shape[1] != k:
+        raise ValueError(f"{what}: x has {x.shape[1]} columns but the weight has K = {k}")
+
+
+def _check_same_dtype(x: torch.Tensor, t: torch.Tensor | None, name: str, shape: tuple, what: str) -> None:
+    if t is None:
+        return
+    if t.dtype != x.dtype:
+        raise TypeError(f"{what}: {name} must be in x's dtype {x.dtype}, got {t.dtype}")
+    if tuple(t.shape) != shape:
+        raise ValueError(f"{what}: {name} must be {shape}, got {tuple(t.shape)}")
+
+
+def check_int8_args(x, qweight, scales, bias, what: str) -> tuple[int, int]:
+    if qweight.dtype != torch.int8 or qweight.dim() != 2:
+        raise TypeError(f"{what}: qweight must be int8 [N, K], got {qweight.dtype} {tuple(qweight.shape)}")
+    n, k = qweight.shape
+    _check_x(x, k, what)
+    _check_same_dtype(x, scales, "scales", (n,), what)
+    _check_same_dtype(x, bias, "bias", (n,), what)
+    return n, k
+
+
+def check_awq_args(x, qweight, qzeros, scales, group_size, bias, what: str) -> tuple[int, int]:
+    if qweight.dtype != torch.int32 or qweight.dim() != 2:
+        raise TypeError(f"{what}: qweight must be int32 [K, N // 8], got {qweight.dtype} {tuple(qweight.shape)}")
+    if qzeros.dtype != torch.int32:
+        raise TypeError(f"{what}: qzeros must be int32 [K // G, N // 8], got {qzeros.dtype}")
+    k, n = qweight.shape[0], qweight.shape[1] * 8
+    if group_size < 32 or group_size & (group_size - 1):
+        raise ValueError(f"{what}: group_size must be a power of two >= 32 (32, 64, 128), got {group_size}")
+    if k % group_size:
+        raise ValueError(f"{what}: K = {k} is not a multiple of group_size {group_size}; "
+                         f"quantize with a group size that divides K")
+    _check_x(x, k, what)
+    if tuple(qzeros.shape) != (k // group_size, n // 8):
+        raise ValueError(f"{what}: qzeros must be {(k // group_size, n // 8)}, got {tuple(qzeros.shape)}")
+    _check_same_dtype(x, scales, "scales", (k // group_size, n), what)
+    _check_same_dtype(x, bias, "bias", (n,), what)
+    return n, k
+
+
+def int8_linear_ref(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
+                    bias: torch.Tensor | None = None) -> torch.Tensor:
+    """x [M, K] @ (qweight [N, K] * scales [N, 1]).T (+ bias), dequantized and computed in fp32 -> x's dtype."""
+    check_int8_args(x, qweight, scales, bias, "int8_linear_ref")
+    y = x.float() @ (qweight.float() * scales.float()[:, None]).T
+    if bias is not None:
+        y += bias.float()
+    return y.to(x.dtype)
+
+
+def awq_linear_ref(x: torch.Tensor, qweight: torch.Tensor, qzeros: torch.Tensor, scales: torch.Tensor,
+                   group_size: int, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """x [M, K] @ w [K, N] (+ bias), w = (q - z) * s per group of group_size rows, in fp32 -> x's dtype."""
+    check_awq_args(x, qweight, qzeros, scales, group_size, bias, "awq_linear_ref")
+    w = dequantize_int4(qweight, qzeros, scales, group_size)
+    y = x.float() @ w
+    if bias is not None:
+        y += bias.float()
+    return y.to(x.dtype)
+
 
 
 def awq_to_natural(packed: torch.Tensor) -> torch.Tensor:
@@ -59,20 +136,3 @@ def dequantize_int4(qweight: torch.Tensor, qzeros: torch.Tensor, scales: torch.T
     z = unpack_int4(qzeros).repeat_interleave(group_size, dim=0)
     s = scales.to(dtype).repeat_interleave(group_size, dim=0)
     return (q - z).to(dtype) * s
-
-
-def int8_linear_ref(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
-                    bias: torch.Tensor | None = None) -> torch.Tensor:
-    w = qweight.to(torch.float32) * scales.to(torch.float32)[:, None]
-    y = x.to(torch.float32) @ w.T
-    if bias is not None:
-        y = y + bias.to(torch.float32)
-    return y.to(x.dtype)
-
-
-def awq_linear_ref(x: torch.Tensor, qweight: torch.Tensor, qzeros: torch.Tensor, scales: torch.Tensor,
-                   group_size: int, bias: torch.Tensor | None = None) -> torch.Tensor:
-    y = x.to(torch.float32) @ dequantize_int4(qweight, qzeros, scales, group_size)
-    if bias is not None:
-        y = y + bias.to(torch.float32)
-    return y.to(x.dtype)

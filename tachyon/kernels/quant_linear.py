@@ -1,0 +1,340 @@
+"""Weight-only quantized linear layers, INT8 per output channel and AWQ-style INT4 (W4A16), with torch references.
+
+INT8: qweight int8 [N, K] (nn.Linear's layout), scales [N]:  y = x @ (q * s[:, None]).T + b
+INT4: qweight int32 [K, N/8], qzeros int32 [K/G, N/8], scales [K/G, N]:  w[k, n] = (q[k, n] - z[g, n]) * s[g, n]
+      with g = k // G, and y = x @ w + b. Packing, "natural order" (nibble j of word p is column 8p + j):
+
+          qweight[k, p] = q[k, 8p+7] << 28 | q[k, 8p+6] << 24 | ... | q[k, 8p+1] << 4 | q[k, 8p]
+
+One kernel per format; the config's BLOCK_M picks the tile:
+- BLOCK_M 1 (default for one row): a program walks K for a strip of BLOCK_N outputs with wide loads of the
+  packed weight, unpacks it in registers (bit tricks, no int-to-float conversions) and accumulates with fp32
+  FMAs (no tensor cores);
+- BLOCK_M 16 (default for 2..16 rows) and larger (default above 16 rows, the GEMM): the weight tile is dequantized
+  in registers to x's dtype and fed to tl.dot with fp32 accumulation. INT8 applies its scale after the K loop;
+  an INT4 tile never crosses a group (BLOCK_K divides G), so it has one scale and zero row.
+Up to 16 rows the time is the weight's bytes over the memory bandwidth: INT4 K*N/2 + (K/G)*N*(scale bytes + 1/2),
+INT8 K*N + N*(scale bytes). Where the (M, N) tiles are too few to fill the GPU, K is split over SPLIT_K programs
+that write fp32 partials to a workspace, and a second kernel sums them in a fixed order (deterministic).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+import triton
+import triton.language as tl
+
+from tachyon.kernels import pdl
+from tachyon.kernels.quant_ref import (  # noqa: F401  (the layouts and references live beside, Triton-free)
+    awq_linear_ref,
+    check_awq_args,
+    check_int8_args,
+    int8_linear_ref,
+    pack_int4,
+    unpack_int4,
+)
+
+# (BLOCK_M, BLOCK_N, BLOCK_K, SPLIT_K, num_warps, num_stages[, late_reduce]) per row bucket; the first of each
+# list is the default. BLOCK_M 1 is the one-row FMA walk (one program per row); SPLIT_K 0 means `split_k` picks
+# it from the shape; late_reduce keeps a BLOCK_N x BLOCK_K fp32 accumulator and reduces it once after the loop.
+# For INT4, BLOCK_K is clipped to the group size.
+INT8_CONFIGS = {
+    "one_row": [(1, 16, 512, 0, 4, 4), (1, 8, 512, 0, 4, 4), (1, 16, 1024, 0, 8, 3), (1, 32, 256, 0, 4, 4),
+                (1, 8, 1024, 0, 4, 4, True)],
+    "skinny": [(16, 32, 256, 0, 4, 4), (16, 16, 512, 0, 4, 4), (16, 64, 256, 0, 8, 3), (16, 32, 512, 0, 4, 3)],
+    "gemm": [(64, 128, 128, 0, 4, 3), (64, 64, 128, 0, 4, 4), (128, 128, 64, 0, 8, 3), (128, 256, 64, 1, 8, 3)],
+}
+AWQ_CONFIGS = {
+    "one_row": [(1, 128, 128, 0, 4, 4), (1, 256, 64, 0, 4, 4), (1, 64, 128, 0, 4, 4), (1, 256, 128, 0, 8, 3),
+                (1, 128, 64, 0, 4, 4, True)],
+    "skinny": [(16, 128, 128, 0, 4, 3), (16, 64, 128, 0, 4, 4), (16, 256, 64, 0, 8, 3), (16, 32, 128, 0, 4, 4)],
+    "gemm": [(64, 128, 64, 0, 4, 3), (64, 64, 128, 0, 4, 4), (128, 128, 64, 0, 8, 3), (128, 256, 64, 1, 8, 3)],
+}
+MAX_SKINNY_ROWS = 16  # up to this many rows a linear layer is bandwidth-bound
+_MAGIC = tl.constexpr(0x4B000000)  # the bits of the float 2**23: OR-ing in v < 2**23 gives the float 2**23 + v
+
+
+def row_bucket(m: int) -> str:
+    """Which config list serves m rows: "one_row", "skinny" (2..16) or "gemm"."""
+    return "one_row" if m <= 1 else "skinny" if m <= MAX_SKINNY_ROWS else "gemm"
+
+
+def split_k(programs: int, k_tiles: int, partial_bytes: int, weight_bytes: int, num_sms: int) -> int:
+    """How many ways to split K: doubled while the (M, N) tiles give fewer than two programs per SM, each split
+    keeps at least 4 K tiles, and the fp32 partials (written, then read) stay within a quarter of the weight's
+    bytes."""
+    split = 1
+    while programs * split < 2 * num_sms and k_tiles >= 8 * split and 4 * split * partial_bytes <= weight_bytes // 4:
+        split *= 2
+    return split
+
+
+@functools.cache
+def _num_sms(device: torch.device) -> int:
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).multi_processor_count
+    return 132  # the interpreter: an H100/H200's count, so CPU tests take the same split decisions
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# ---------------------------------------------------------------------------------------------------------------
+# kernels
+
+
+@triton.jit
+def _spread8(packed):
+    """[R, P] -> [R, 8P]: column c holds packed[:, c // 8] (interleave keeps the copies in one thread)."""
+    w = tl.interleave(packed, packed)
+    w = tl.interleave(w, w)
+    return tl.interleave(w, w)
+
+
+@triton.jit
+def _int4_minus_zero(q, z, BLOCK_N: tl.constexpr):
+    """q [R, BLOCK_N // 8], z [1, BLOCK_N // 8] packed words -> fp32 [R, BLOCK_N] of q - z (column 8p + j from
+    nibble j), exact, in about two instructions per value, no int-to-float conversion: a nibble at bit b < 20 under
+    2**23's exponent bits is the float 2**23 + v * 2**b, and (that) * 2**-b - (2**(23-b) + z) is one exact FMA.
+    Nibbles 0..4 sit in bits 0..19 of the word; 5..7 are moved there by one shift per word."""
+    j = tl.arange(0, BLOCK_N) % 8  # a constant per register: the selects and masks fold away
+    b = tl.where(j >= 5, 4 * j - 12, 4 * j)  # the nibble's bit in its source word
+    q = q.to(tl.uint32, bitcast=True)
+    lo = _spread8((q & 0xFFFFF) | _MAGIC)
+    hi = _spread8(((q >> 12) & 0xFFF00) | _MAGIC)
+    src = tl.where((j >= 5)[None, :], hi, lo)
+    f = (src & ((0xF << b) | _MAGIC)[None, :]).to(tl.float32, bitcast=True)
+    zn = (_spread8(z.to(tl.uint32, bitcast=True)) >> (4 * j)[None, :]) & 0xF
+    offset = ((1 << (23 - b))[None, :] + zn).to(tl.float32)
+    inv = ((127 - b) << 23).to(tl.float32, bitcast=True)  # 2**-b
+    return f * inv[None, :] - offset
+
+
+@triton.jit
+def _int8_to_float(w):
+    """int8 -> fp32 without an int-to-float conversion (a quarter-rate instruction): flipping the byte's top bit
+    gives v + 128 in 0..255, and under 2**23's exponent bits that is the float 2**23 + v + 128."""
+    u = w.to(tl.uint8, bitcast=True).to(tl.uint32)
+    return (u ^ (_MAGIC | 0x80)).to(tl.float32, bitcast=True) - 8388736.0  # 2**23 + 128
+
+
+@triton.jit
+def _int8_kernel(
+    x_ptr, w_ptr, s_ptr, b_ptr, out_ptr,
+    M, N, K, K_SPLIT, stride_xm, stride_om, stride_os,
+    HAS_BIAS: tl.constexpr, IEEE: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, LATE_REDUCE: tl.constexpr,
+    PDL: tl.constexpr = False,
+):
+    pdl.enter(PDL)
+    pid_m, pid_n, pid_k = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    mask_n = offs_n < N
+    offs_k = tl.arange(0, BLOCK_K)
+    k_start = pid_k * K_SPLIT
+    k_end = tl.minimum(k_start + K_SPLIT, K)
+    w_rows = w_ptr + offs_n.to(tl.int64)[:, None] * K
+    out = out_ptr + pid_k.to(tl.int64) * stride_os
+    scale = tl.load(s_ptr + offs_n, mask=mask_n, other=0.0).to(tl.float32)
+    if BLOCK_M == 1:
+        x_row = x_ptr + pid_m.to(tl.int64) * stride_xm
+        acc = tl.zeros((BLOCK_N,), dtype=tl.float32)
+        if LATE_REDUCE:
+            acc2 = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
+        for k0 in range(k_start, k_end, BLOCK_K):
+            kk = k0 + offs_k
+            mask_k = kk < K  # K_SPLIT is a multiple of BLOCK_K: only the last tile of K is partial
+            w = tl.load(w_rows + kk[None, :], mask=mask_n[:, None] & mask_k[None, :], other=0)
+            x = tl.load(x_row + kk, mask=mask_k, other=0.0)
+            prod = _int8_to_float(w) * x.to(tl.float32)[None, :]
+            if LATE_REDUCE:
+                acc2 += prod
+            else:
+                acc += tl.sum(prod, axis=1)
+        if LATE_REDUCE:
+            acc = tl.sum(acc2, axis=1)
+        acc = acc * scale
+        if HAS_BIAS:
+            acc += tl.load(b_ptr + offs_n, mask=mask_n, other=0.0).to(tl.float32)
+        tl.store(out + pid_m.to(tl.int64) * stride_om + offs_n, acc.to(out_ptr.dtype.element_ty), mask=mask_n)
+    else:
+        offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+        mask_m = offs_m < M
+        x_rows = x_ptr + offs_m.to(tl.int64)[:, None] * stride_xm
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for k0 in range(k_start, k_end, BLOCK_K):
+            kk = k0 + offs_k
+            mask_k = kk < K
+            x = tl.load(x_rows + kk[None, :], mask=mask_m[:, None] & mask_k[None, :], other=0.0)
+            w = tl.load(w_rows + kk[None, :], mask=mask_n[:, None] & mask_k[None, :], other=0)
+            w = tl.trans(w.to(x_ptr.dtype.element_ty))  # |q| <= 128: exact in fp16 and bf16
+            if IEEE:
+                acc = tl.dot(x, w, acc, input_precision="ieee")
+            else:
+                acc = tl.dot(x, w, acc)
+        acc = acc * scale[None, :]
+        if HAS_BIAS:
+            acc += tl.load(b_ptr + offs_n, mask=mask_n, other=0.0).to(tl.float32)[None, :]
+        y = out + offs_m.to(tl.int64)[:, None] * stride_om + offs_n[None, :]
+        tl.store(y, acc.to(out_ptr.dtype.element_ty), mask=mask_m[:, None] & mask_n[None, :])
+
+
+@triton.jit
+def _awq_kernel(
+    x_ptr, qw_ptr, qz_ptr, s_ptr, b_ptr, out_ptr,
+    M, N, N8, K, K_SPLIT, stride_xm, stride_om, stride_os,
+    GROUP: tl.constexpr, HAS_BIAS: tl.constexpr, IEEE: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, LATE_REDUCE: tl.constexpr,
+    PDL: tl.constexpr = False,
+):
+    pdl.enter(PDL)
+    pid_m, pid_n, pid_k = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    mask_n = offs_n < N
+    offs_p = pid_n * (BLOCK_N // 8) + tl.arange(0, BLOCK_N // 8)  # packed columns; N % 8 == 0
+    mask_p = offs_p < N8
+    offs_k = tl.arange(0, BLOCK_K)
+    k_start = pid_k * K_SPLIT
+    k_end = tl.minimum(k_start + K_SPLIT, K)  # BLOCK_K divides G divides K: no partial K tiles
+    out = out_ptr + pid_k.to(tl.int64) * stride_os
+    if BLOCK_M == 1:
+        x_row = x_ptr + pid_m.to(tl.int64) * stride_xm
+        acc = tl.zeros((BLOCK_N,), dtype=tl.float32)
+        if LATE_REDUCE:
+            acc2 = tl.zeros((BLOCK_K, BLOCK_N), dtype=tl.float32)
+    else:
+        offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+        mask_m = offs_m < M
+        x_rows = x_ptr + offs_m.to(tl.int64)[:, None] * stride_xm
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k0 in range(k_start, k_end, BLOCK_K):
+        kk = k0 + offs_k
+        g = k0 // GROUP
+        q = tl.load(qw_ptr + kk.to(tl.int64)[:, None] * N8 + offs_p[None, :], mask=mask_p[None, :], other=0)
+        z = tl.load(qz_ptr + g * N8 + offs_p, mask=mask_p, other=0)
+        s = tl.load(s_ptr + g.to(tl.int64) * N + offs_n, mask=mask_n, other=0.0).to(tl.float32)
+        w = _int4_minus_zero(q, z[None, :], BLOCK_N)  # fp32 [BLOCK_K, BLOCK_N]
+        if BLOCK_M == 1:
+            x = tl.load(x_row + kk).to(tl.float32)
+            if LATE_REDUCE:
+                acc2 += w * (x[:, None] * s[None, :])
+            else:
+                acc += tl.sum(w * x[:, None], axis=0) * s
+        else:
+            x = tl.load(x_rows + kk[None, :], mask=mask_m[:, None], other=0.0)
+            w = (w * s[None, :]).to(x_ptr.dtype.element_ty)
+            if IEEE:
+                acc = tl.dot(x, w, acc, input_precision="ieee")
+            else:
+                acc = tl.dot(x, w, acc)
+    if BLOCK_M == 1:
+        if LATE_REDUCE:
+            acc = tl.sum(acc2, axis=0)
+        if HAS_BIAS:
+            acc += tl.load(b_ptr + offs_n, mask=mask_n, other=0.0).to(tl.float32)
+        tl.store(out + pid_m.to(tl.int64) * stride_om + offs_n, acc.to(out_ptr.dtype.element_ty), mask=mask_n)
+    else:
+        if HAS_BIAS:
+            acc += tl.load(b_ptr + offs_n, mask=mask_n, other=0.0).to(tl.float32)[None, :]
+        y = out + offs_m.to(tl.int64)[:, None] * stride_om + offs_n[None, :]
+        tl.store(y, acc.to(out_ptr.dtype.element_ty), mask=mask_m[:, None] & mask_n[None, :])
+
+
+@triton.jit
+def _sum_splits_kernel(p_ptr, b_ptr, y_ptr, MN, N, SPLIT_K: tl.constexpr, HAS_BIAS: tl.constexpr,
+                       BLOCK: tl.constexpr, PDL: tl.constexpr = False):
+    """y = sum over the SPLIT_K fp32 partials [SPLIT_K, M, N] (+ bias), in split order."""
+    pdl.enter(PDL)
+    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < MN
+    acc = tl.load(p_ptr + offs, mask=mask, other=0.0)
+    for s in tl.static_range(1, SPLIT_K):
+        acc += tl.load(p_ptr + s * MN + offs, mask=mask, other=0.0)
+    if HAS_BIAS:
+        acc += tl.load(b_ptr + offs % N, mask=mask, other=0.0).to(tl.float32)
+    tl.store(y_ptr + offs, acc.to(y_ptr.dtype.element_ty), mask=mask)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# launchers
+
+
+def _output(x: torch.Tensor, n: int, out: torch.Tensor | None) -> torch.Tensor:
+    if out is None:
+        return torch.empty(x.shape[0], n, dtype=x.dtype, device=x.device)
+    if out.shape != (x.shape[0], n) or out.dtype != x.dtype or not out.is_contiguous():
+        raise ValueError(f"out must be a contiguous {x.dtype} [{x.shape[0]}, {n}], got {out.dtype} "
+                         f"{tuple(out.shape)}")
+    return out
+
+
+def _launch(kernel, x, weights: tuple, sizes: tuple, bias, y, n: int, k: int, cfg: tuple, max_block_k: int,
+            weight_bytes: int, **meta) -> torch.Tensor:
+    """Clip cfg to the shape, pick SPLIT_K, run the kernel (and the split sum)."""
+    m = x.shape[0]
+    block_m, block_n, block_k, split, warps, stages = cfg[:6]
+    late = len(cfg) > 6 and bool(cfg[6]) and block_m == 1
+    if block_m > 1:  # tl.dot's smallest tile is 16; no taller than the rows need
+        block_m = max(16, min(block_m, triton.next_power_of_2(m)))
+        block_n = max(block_n, 16)
+    block_n = min(block_n, max(16, triton.next_power_of_2(n)))
+    block_k = max(16, min(block_k, max_block_k))
+    k_tiles = triton.cdiv(k, block_k)
+    grid_m, grid_n = triton.cdiv(m, block_m), triton.cdiv(n, block_n)
+    if split == 0:
+        split = split_k(grid_m * grid_n, k_tiles, m * n * 4, weight_bytes, _num_sms(x.device))
+    k_split = triton.cdiv(k_tiles, max(1, min(split, k_tiles))) * block_k
+    split = triton.cdiv(k, k_split)  # no empty splits
+    dst = y if split == 1 else torch.empty(split, m, n, dtype=torch.float32, device=x.device)
+    kernel[(grid_m, grid_n, split)](
+        x, *weights, bias if bias is not None else y, dst, *sizes, k, k_split,
+        x.stride(0), n, m * n,
+        HAS_BIAS=bias is not None and split == 1, IEEE=x.dtype == torch.float32,
+        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, LATE_REDUCE=late,
+        num_warps=warps, num_stages=stages, **meta, **pdl.launch_args(),
+    )
+    if split > 1:
+        block = 1024
+        _sum_splits_kernel[(triton.cdiv(m * n, block),)](
+            dst, bias if bias is not None else y, y, m * n, n, SPLIT_K=split, HAS_BIAS=bias is not None,
+            BLOCK=block, num_warps=4, **pdl.launch_args(),
+        )
+    return y
+
+
+def int8_linear(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, bias: torch.Tensor | None = None,
+                config: tuple | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
+    """x [M, K] @ (qweight int8 [N, K] * scales [N, 1]).T (+ bias [N]) -> [M, N] in x's dtype.
+    config: an INT8_CONFIGS entry; None takes the first of the rows' bucket (`row_bucket`)."""
+    n, k = check_int8_args(x, qweight, scales, bias, "int8_linear")
+    if x.stride(-1) != 1:
+        x = x.contiguous()
+    if not (qweight.is_contiguous() and scales.is_contiguous()):
+        raise ValueError("int8_linear: qweight and scales must be contiguous")
+    y = _output(x, n, out)
+    if x.shape[0] == 0:
+        return y
+    cfg = config if config is not None else INT8_CONFIGS[row_bucket(x.shape[0])][0]
+    return _launch(_int8_kernel, x, (qweight, scales), (x.shape[0], n), bias, y, n, k, cfg,
+                   max_block_k=max(16, triton.next_power_of_2(k)), weight_bytes=n * k + n * scales.element_size())
+
+
+def awq_linear(x: torch.Tensor, qweight: torch.Tensor, qzeros: torch.Tensor, scales: torch.Tensor,
+               group_size: int, bias: torch.Tensor | None = None, config: tuple | None = None,
+               out: torch.Tensor | None = None) -> torch.Tensor:
+    """x [M, K] @ w [K, N] (+ bias [N]) -> [M, N] in x's dtype, w dequantized from qweight int32 [K, N // 8],
+    qzeros int32 [K // G, N // 8] and scales [K // G, N] (the module docstring has the packing).
+    config: an AWQ_CONFIGS entry; None takes the first of the rows' bucket (`row_bucket`)."""
+    n, k = check_awq_args(x, qweight, qzeros, scales, group_size, bias, "awq_linear")
+    if x.stride(-1) != 1:
+        x = x.contiguous()
+    if not (qweight.is_contiguous() and qzeros.is_contiguous() and scales.is_contiguous()):
+        raise ValueError("awq_linear: qweight, qzeros and scales must be contiguous")
+    y = _output(x, n, out)
+    if x.shape[0] == 0:
+        return y
+    cfg = config if config is not None else AWQ_CONFIGS[row_bucket(x.shape[0])][0]
+    groups = k // group_size
+    return _launch(_awq_kernel, x, (qweight, qzeros, scales), (x.shape[0], n, n // 8), bias, y, n, k, cfg,
+                   max_block_k=group_size,
+                   weight_bytes=k * n // 2 + groups * n // 2 + groups * n * scales.element_size(), GROUP=group_size)

@@ -1,0 +1,207 @@
+import pytest
+import torch
+import torch.nn.functional as F
+
+from tachyon.kernels.quant_linear import (
+    AWQ_CONFIGS,
+    INT8_CONFIGS,
+    awq_linear,
+    awq_linear_ref,
+    int8_linear,
+    int8_linear_ref,
+    pack_int4,
+    row_bucket,
+    split_k,
+    unpack_int4,
+)
+
+TOL = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 8e-3}
+ROWS = [1, 3, 16, 17, 40]  # one row, skinny, the skinny edge, GEMM
+# every case runs the default and a config that splits K (on 3 rows, also one-row tiles, late reduce and a split);
+# on the GPU, bf16 without bias also runs every candidate (each config is one compile per dtype and bias)
+SPLIT_CONFIG = {"one_row": (1, 128, 64, 2, 4, 4, True), "skinny": (16, 64, 64, 2, 4, 4), "gemm": (32, 64, 64, 2, 4, 3)}
+
+
+def _configs(table: dict, m: int, device: str, dtype, bias: bool) -> list:
+    bucket = row_bucket(m)
+    cfgs = [None, SPLIT_CONFIG[bucket]] + ([SPLIT_CONFIG["one_row"]] if m == 3 else [])
+    if device == "cuda" and dtype == torch.bfloat16 and not bias:
+        cfgs += table[bucket] + (table["one_row"] if m <= 3 else [])
+    return cfgs
+
+
+def _strided(m: int, k: int, dtype, device) -> torch.Tensor:
+    return torch.randn(m, k + 24).to(device=device, dtype=dtype)[:, :k]  # rows 24 elements apart
+
+
+def _random_awq(k: int, n: int, g: int, dtype, device):
+    q = torch.randint(0, 16, (k, n))
+    z = torch.randint(0, 16, (k // g, n))
+    z[0, :2] = torch.tensor([0, 15])  # both ends of the zero-point range
+    s = torch.randn(k // g, n) * 0.02  # both signs
+    return q, z, s.to(device=device, dtype=dtype)
+
+
+# ----------------------------------------------------------------------------------------------- packing
+
+
+def test_pack_int4_known_word():
+    # nibble j holds column j: 0x87654321
+    row = torch.tensor([[1, 2, 3, 4, 5, 6, 7, 8]])
+    packed = pack_int4(row)
+    assert packed.dtype == torch.int32 and packed.shape == (1, 1)
+    assert packed.item() == 0x87654321 - 2**32  # the top nibble is >= 8: the int32 is negative
+    assert pack_int4(torch.tensor([[15, 0, 0, 0, 0, 0, 0, 0]])).item() == 15
+    assert pack_int4(torch.tensor([[0] * 7 + [15]])).item() == 0xF0000000 - 2**32
+    assert unpack_int4(packed).tolist() == row.tolist()
+
+
+def test_pack_unpack_round_trip(device):
+    torch.manual_seed(0)
+    v = torch.randint(0, 16, (5, 64), device=device)
+    v[0] = 15  # every nibble set, sign bit included
+    v[1, 7::8] = 8  # only the top nibble's high bit
+    packed = pack_int4(v)
+    assert packed.shape == (5, 8) and packed.dtype == torch.int32 and packed.device == v.device
+    assert torch.equal(unpack_int4(packed), v.to(torch.int32))
+    assert (packed[0] == -1).all()
+
+
+def test_pack_int4_rejects_bad_input():
+    with pytest.raises(ValueError, match="multiple of 8"):
+        pack_int4(torch.zeros(2, 12, dtype=torch.int32))
+    with pytest.raises(ValueError, match="0..15"):
+        pack_int4(torch.full((1, 8), 16))
+    with pytest.raises(TypeError):
+        pack_int4(torch.zeros(1, 8))
+
+
+# ----------------------------------------------------------------------------------------------- references
+
+
+@pytest.mark.parametrize("bias", [False, True])
+def test_int8_ref_is_dequantized_linear(dtype, device, rel_err, bias):
+    torch.manual_seed(0)
+    x = torch.randn(5, 48).to(device=device, dtype=dtype)
+    qw = torch.randint(-128, 128, (24, 48), dtype=torch.int8, device=device)
+    s = (torch.randn(24) * 0.01).to(device=device, dtype=dtype)
+    b = torch.randn(24).to(device=device, dtype=dtype) if bias else None
+    w = torch.stack([qw[n].float() * s[n].float() for n in range(24)])
+    ref = F.linear(x.float(), w, b.float() if bias else None)
+    out = int8_linear_ref(x, qw, s, b)
+    assert out.shape == (5, 24) and out.dtype == dtype
+    assert rel_err(out, ref) <= TOL[dtype]
+
+
+@pytest.mark.parametrize("bias", [False, True])
+def test_awq_ref_is_dequantized_matmul(dtype, device, rel_err, bias):
+    torch.manual_seed(0)
+    k, n, g = 128, 24, 32
+    q, z, s = _random_awq(k, n, g, dtype, device)
+    x = torch.randn(5, k).to(device=device, dtype=dtype)
+    b = torch.randn(n).to(device=device, dtype=dtype) if bias else None
+    w = torch.empty(k, n)
+    for row in range(k):  # the definition, one row at a time
+        w[row] = (q[row] - z[row // g]).float() * s[row // g].float().cpu()
+    ref = x.float() @ w.to(device)
+    if bias:
+        ref += b.float()
+    out = awq_linear_ref(x, pack_int4(q).to(device), pack_int4(z).to(device), s, g, b)
+    assert out.shape == (5, n) and out.dtype == dtype
+    assert rel_err(out, ref) <= TOL[dtype]
+
+
+# ----------------------------------------------------------------------------------------------- Triton
+
+
+@pytest.mark.parametrize("m", ROWS)
+@pytest.mark.parametrize("k,n,bias", [(300, 40, True), (256, 136, False)])  # N, K not multiples of the blocks
+def test_int8_linear_matches_ref(dtype, device, rel_err, m, k, n, bias):
+    torch.manual_seed(m * 7 + n)
+    x = _strided(m, k, dtype, device)
+    qw = torch.randint(-128, 128, (n, k), dtype=torch.int8, device=device)
+    s = (torch.randn(n) * 0.01).to(device=device, dtype=dtype)
+    b = torch.randn(n).to(device=device, dtype=dtype) if bias else None
+    ref = int8_linear_ref(x, qw, s, b)
+    for cfg in _configs(INT8_CONFIGS, m, device, dtype, bias):
+        out = torch.full((m, n), float("nan"), dtype=dtype, device=device)  # unwritten outputs stay NaN
+        assert int8_linear(x, qw, s, b, config=cfg, out=out) is out
+        assert rel_err(out, ref) <= TOL[dtype], cfg
+    out = int8_linear(x, qw, s, b)
+    assert out.shape == (m, n) and out.dtype == dtype and out.is_contiguous()
+
+
+@pytest.mark.parametrize("m", ROWS)
+@pytest.mark.parametrize("k,n,g,bias", [(256, 136, 64, False), (384, 40, 128, True)])
+def test_awq_linear_matches_ref(dtype, device, rel_err, m, k, n, g, bias):
+    torch.manual_seed(m * 7 + n)
+    q, z, s = _random_awq(k, n, g, dtype, device)
+    qw, qz = pack_int4(q).to(device), pack_int4(z).to(device)
+    x = _strided(m, k, dtype, device)
+    b = torch.randn(n).to(device=device, dtype=dtype) if bias else None
+    ref = awq_linear_ref(x, qw, qz, s, g, b)
+    for cfg in _configs(AWQ_CONFIGS, m, device, dtype, bias):
+        out = torch.full((m, n), float("nan"), dtype=dtype, device=device)
+        assert awq_linear(x, qw, qz, s, g, b, config=cfg, out=out) is out
+        assert rel_err(out, ref) <= TOL[dtype], cfg
+    out = awq_linear(x, qw, qz, s, g, b)
+    assert out.shape == (m, n) and out.dtype == dtype and out.is_contiguous()
+
+
+@pytest.mark.parametrize("m", [1, 20])
+def test_awq_small_groups_clip_block_k(device, rel_err, m):
+    # G = 32 is below every config's BLOCK_K: tiles shrink to one group
+    torch.manual_seed(3)
+    k, n, g = 128, 48, 32
+    q, z, s = _random_awq(k, n, g, torch.float32, device)
+    qw, qz = pack_int4(q).to(device), pack_int4(z).to(device)
+    x = torch.randn(m, k, device=device)
+    assert rel_err(awq_linear(x, qw, qz, s, g), awq_linear_ref(x, qw, qz, s, g)) <= 1e-5
+
+
+def test_zero_rows(device):
+    x = torch.empty(0, 64, device=device)
+    qw8 = torch.zeros(16, 64, dtype=torch.int8, device=device)
+    assert int8_linear(x, qw8, torch.ones(16, device=device)).shape == (0, 16)
+    qw4 = torch.zeros(64, 2, dtype=torch.int32, device=device)
+    qz = torch.zeros(1, 2, dtype=torch.int32, device=device)
+    assert awq_linear(x, qw4, qz, torch.ones(1, 16, device=device), 64).shape == (0, 16)
+
+
+def test_rejects_bad_inputs(device):
+    x = torch.randn(2, 96, device=device)
+    qw4 = torch.zeros(96, 2, dtype=torch.int32, device=device)
+    with pytest.raises(ValueError, match="not a multiple of group_size 64"):  # K = 96, G = 64
+        awq_linear(x, qw4, torch.zeros(1, 2, dtype=torch.int32, device=device), torch.ones(1, 16, device=device), 64)
+    with pytest.raises(ValueError, match="not a multiple of group_size"):
+        awq_linear_ref(x, qw4, torch.zeros(1, 2, dtype=torch.int32, device=device),
+                       torch.ones(1, 16, device=device), 64)
+    qz, s = torch.zeros(3, 2, dtype=torch.int32, device=device), torch.ones(3, 16, device=device)
+    with pytest.raises(ValueError, match="power of two"):
+        awq_linear(x, qw4, qz, s, 48)
+    with pytest.raises(TypeError, match="scales"):
+        awq_linear(x, qw4, qz, s.half(), 32)
+    with pytest.raises(TypeError, match="qweight"):
+        awq_linear(x, qw4.to(torch.int64), qz, s, 32)
+    with pytest.raises(TypeError, match="qzeros"):
+        awq_linear(x, qw4, qz.to(torch.uint8), s, 32)
+    with pytest.raises(TypeError, match="x must be"):
+        awq_linear(x.to(torch.int32), qw4, qz, s.to(torch.int32), 32)
+    qw8 = torch.zeros(16, 96, dtype=torch.int8, device=device)
+    with pytest.raises(TypeError, match="qweight"):
+        int8_linear(x, qw8.to(torch.int32), torch.ones(16, device=device))
+    with pytest.raises(TypeError, match="scales"):
+        int8_linear(x, qw8, torch.ones(16, device=device, dtype=torch.float16))
+    with pytest.raises(TypeError, match="bias"):
+        int8_linear(x, qw8, torch.ones(16, device=device), torch.ones(16, device=device, dtype=torch.float16))
+    with pytest.raises(ValueError, match="columns"):
+        int8_linear(torch.randn(2, 95, device=device), qw8, torch.ones(16, device=device))
+
+
+def test_row_bucket_and_split_k():
+    assert [row_bucket(m) for m in (1, 2, 16, 17)] == ["one_row", "skinny", "skinny", "gemm"]
+    # llama3-8b down_proj at one row, INT4: 32 strips of 128 outputs, 112 K tiles -> split 16 (512 programs)
+    assert split_k(32, 112, 4096 * 4, 14336 * 4096 // 2, 132) == 16
+    assert split_k(448, 64, 57344 * 4, 8192 * 57344 // 2, 132) == 1  # enough strips already
+    assert split_k(32, 6, 4096 * 4, 4096 * 4096 // 2, 132) == 1  # too few K tiles to share
+    assert split_k(32, 112, 16 * 4096 * 4, 2**20, 132) == 1  # the partials would outweigh the weight
