@@ -8,7 +8,9 @@ import sys
 
 from tachyon.bench.cli import add_bench_args
 from tachyon.engine_args import EngineArgs
+from tachyon.eval import add_eval_args
 from tachyon.plan import add_plan_args
+from tachyon.quantize import add_quantize_args
 from tachyon.server.cli import add_serve_args
 
 
@@ -127,6 +129,18 @@ def cmd_plan(args) -> int:
     return run_plan(args)
 
 
+def cmd_quantize(args) -> int:
+    from tachyon.quantize import run_quantize
+
+    return run_quantize(args)
+
+
+def cmd_eval(args) -> int:
+    from tachyon.eval import run_eval
+
+    return run_eval(args)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="tachyon", description="Tachyon LLM inference engine")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -158,6 +172,14 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("plan", help="capacity planner: weights, KV bytes per token, max concurrent sequences")
     add_plan_args(p)
     p.set_defaults(func=cmd_plan)
+
+    p = sub.add_parser("quantize", help="write an int8 or AWQ int4 checkpoint of a dense one, then compare perplexity")
+    add_quantize_args(p)
+    p.set_defaults(func=cmd_quantize)
+
+    p = sub.add_parser("eval", help="quality of a model as the engine runs it: ppl (held-out perplexity)")
+    add_eval_args(p)
+    p.set_defaults(func=cmd_eval)
     return parser
 
 

@@ -39,7 +39,9 @@ from tachyon.kernels.quant_ref import (  # noqa: F401  (the layouts and referenc
 # (BLOCK_M, BLOCK_N, BLOCK_K, SPLIT_K, num_warps, num_stages[, late_reduce]) per row bucket; the first of each
 # list is the default. BLOCK_M 1 is the one-row FMA walk (one program per row); SPLIT_K 0 means `split_k` picks
 # it from the shape; late_reduce keeps a BLOCK_N x BLOCK_K fp32 accumulator and reduces it once after the loop.
-# For INT4, BLOCK_K is clipped to the group size.
+# For INT4, BLOCK_K is clipped to the group size. An INT4 entry ("gemv", BLOCK_P, BLOCK_K, num_warps, prefetch
+# [, unpack]) is the one-row walk with the sum over K kept inside each thread (_awq_gemv_kernel): BLOCK_P packed
+# columns per program (BLOCK_P / (32 * num_warps) words a thread, 1, 2 or 4), BLOCK_K rows per iteration.
 INT8_CONFIGS = {
     "one_row": [(1, 16, 512, 0, 4, 4), (1, 8, 512, 0, 4, 4), (1, 16, 1024, 0, 8, 3), (1, 32, 256, 0, 4, 4),
                 (1, 8, 1024, 0, 4, 4, True)],
@@ -47,11 +49,14 @@ INT8_CONFIGS = {
     "gemm": [(64, 128, 128, 0, 4, 3), (64, 64, 128, 0, 4, 4), (128, 128, 64, 0, 8, 3), (128, 256, 64, 1, 8, 3)],
 }
 AWQ_CONFIGS = {
-    "one_row": [(1, 128, 128, 0, 4, 4), (1, 256, 64, 0, 4, 4), (1, 64, 128, 0, 4, 4), (1, 256, 128, 0, 8, 3),
-                (1, 128, 64, 0, 4, 4, True)],
+    "one_row": [("gemv", 128, 32, 4, False, 0), ("gemv", 128, 16, 4, False, 0), ("gemv", 64, 32, 2, False, 0),
+                ("gemv", 32, 32, 1, False, 0), ("gemv", 128, 32, 4, True, 0), ("gemv", 128, 64, 4, False, 0),
+                ("gemv", 256, 16, 4, False, 0), ("gemv", 512, 16, 4, False, 0), ("gemv", 128, 32, 4, False, 1),
+                ("gemv", 256, 32, 8, False, 0), (1, 128, 64, 0, 4, 4, True), (1, 128, 128, 0, 4, 4)],
     "skinny": [(16, 128, 128, 0, 4, 3), (16, 64, 128, 0, 4, 4), (16, 256, 64, 0, 8, 3), (16, 32, 128, 0, 4, 4)],
     "gemm": [(64, 128, 64, 0, 4, 3), (64, 64, 128, 0, 4, 4), (128, 128, 64, 0, 8, 3), (128, 256, 64, 1, 8, 3)],
 }
+GEMV_PROGRAMS_PER_SM = 4  # the one-row INT4 walk splits K until it has this many programs per SM
 MAX_SKINNY_ROWS = 16  # up to this many rows a linear layer is bandwidth-bound
 _MAGIC = tl.constexpr(0x4B000000)  # the bits of the float 2**23: OR-ing in v < 2**23 gives the float 2**23 + v
 
@@ -241,6 +246,108 @@ def _awq_kernel(
 
 
 @triton.jit
+def _nibble_dot(q, x, magic, J: tl.constexpr, UNPACK: tl.constexpr):
+    """q [P, BLOCK_K] packed words (uint32, transposed), x [1, BLOCK_K] fp32 -> [P]: sum over the rows of nibble J of q times
+    x, times 2**b, b the nibble's bit in the word it is read from; the 2**-b goes on the partial sum afterwards.
+    UNPACK 0: the nibble under 2**23's exponent bits, (q & mask | magic) as a float minus 2**23 (nibbles 5..7 from
+    q >> 12): one LOP3 (magic is a runtime value, so it sits in a register beside the mask immediate), one FADD,
+    one FFMA per value. UNPACK 1: (q & mask) converted to float (I2FP), one FFMA."""
+    if UNPACK == 0:
+        if J < 5:
+            w = (q & (0xF << (4 * J))) | magic
+        else:
+            w = ((q >> 12) & (0xF << (4 * J - 12))) | magic
+        f = w.to(tl.float32, bitcast=True) - 8388608.0
+    else:
+        f = (q & (0xF << (4 * J))).to(tl.float32)
+    return tl.sum(f * x, axis=1)
+
+
+@triton.jit
+def _tile_term(q, x, xsum, zw, s_row, offs_p, mask_p, magic, J: tl.constexpr, UNPACK: tl.constexpr):
+    """A tile's contribution to outputs 8p + J, [P]: s * (sum_k q x - z * sum_k x); the tile is inside one group."""
+    B: tl.constexpr = 4 * J if (J < 5 or UNPACK == 1) else 4 * J - 12
+    dot = _nibble_dot(q, x, magic, J, UNPACK) * (1.0 / (1 << B))
+    z = ((zw >> (4 * J)) & 0xF).to(tl.float32)
+    s = tl.load(s_row + offs_p * 8 + J, mask=mask_p, other=0.0).to(tl.float32)
+    return s * (dot - z * xsum)
+
+
+@triton.jit
+def _store_col(out_row, b_ptr, y, offs_p, mask_p, HAS_BIAS: tl.constexpr, J: tl.constexpr):
+    if HAS_BIAS:
+        y += tl.load(b_ptr + offs_p * 8 + J, mask=mask_p, other=0.0).to(tl.float32)
+    tl.store(out_row + offs_p * 8 + J, y.to(out_row.dtype.element_ty), mask=mask_p)
+
+
+@triton.jit
+def _awq_gemv_kernel(
+    x_ptr, qw_ptr, qz_ptr, s_ptr, b_ptr, out_ptr,
+    N, N8, K, K_SPLIT, stride_xm, stride_om, stride_os, magic,
+    GROUP: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_K: tl.constexpr,
+    PREFETCH: tl.constexpr, UNPACK: tl.constexpr, VEC: tl.constexpr, PDL: tl.constexpr = False,
+):
+    """One row (program axis 0) times BLOCK_P packed columns (8 * BLOCK_P outputs) over one K split, BLOCK_K rows
+    (inside one group) per iteration. BLOCK_P = VEC words x 32 lanes x num_warps puts every lane and warp along the
+    columns, so the sum over a tile's rows stays inside each thread: no shuffles, no shared memory. Each nibble
+    position j has its own accumulator [BLOCK_P]; the zero point comes off per tile, s * (sum q x - z * sum x)."""
+    pdl.enter(PDL)
+    pid_m, pid_n, pid_k = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    offs_p = pid_n * BLOCK_P + tl.arange(0, BLOCK_P)
+    offs_p = tl.max_contiguous(tl.multiple_of(offs_p, VEC), VEC)  # VEC words a thread: 32 * VEC * warps = BLOCK_P
+    mask_p = offs_p < N8
+    offs_k = tl.arange(0, BLOCK_K)
+    w_ptrs = qw_ptr + offs_k.to(tl.int64)[None, :] * N8 + offs_p[:, None]  # [P, BLOCK_K]: P first, so that
+    mask = mask_p[:, None]  # with VEC 1 (no contiguity either way) the lanes still go along P
+    x_row = x_ptr + pid_m.to(tl.int64) * stride_xm
+    k_start = pid_k * K_SPLIT
+    k_end = tl.minimum(k_start + K_SPLIT, K)  # K_SPLIT and K are multiples of GROUP, GROUP of BLOCK_K
+    acc0 = tl.zeros((BLOCK_P,), dtype=tl.float32)
+    acc1 = tl.zeros((BLOCK_P,), dtype=tl.float32)
+    acc2 = tl.zeros((BLOCK_P,), dtype=tl.float32)
+    acc3 = tl.zeros((BLOCK_P,), dtype=tl.float32)
+    acc4 = tl.zeros((BLOCK_P,), dtype=tl.float32)
+    acc5 = tl.zeros((BLOCK_P,), dtype=tl.float32)
+    acc6 = tl.zeros((BLOCK_P,), dtype=tl.float32)
+    acc7 = tl.zeros((BLOCK_P,), dtype=tl.float32)
+    w_ptrs += k_start.to(tl.int64) * N8
+    step = BLOCK_K * N8
+    if PREFETCH:
+        q_next = tl.load(w_ptrs, mask=mask, other=0)
+    for k0 in range(k_start, k_end, BLOCK_K):
+        if PREFETCH:
+            q = q_next.to(tl.uint32, bitcast=True)
+            w_ptrs += step
+            q_next = tl.load(w_ptrs, mask=mask & (k0 + BLOCK_K < k_end), other=0)
+        else:
+            q = tl.load(w_ptrs, mask=mask, other=0).to(tl.uint32, bitcast=True)
+            w_ptrs += step
+        x = tl.load(x_row + k0 + offs_k).to(tl.float32)
+        xsum = tl.sum(x, axis=0)
+        x = x[None, :]
+        g = k0 // GROUP
+        zw = tl.load(qz_ptr + g * N8 + offs_p, mask=mask_p, other=0).to(tl.uint32, bitcast=True)
+        s_row = s_ptr + g.to(tl.int64) * N
+        acc0 += _tile_term(q, x, xsum, zw, s_row, offs_p, mask_p, magic, 0, UNPACK)
+        acc1 += _tile_term(q, x, xsum, zw, s_row, offs_p, mask_p, magic, 1, UNPACK)
+        acc2 += _tile_term(q, x, xsum, zw, s_row, offs_p, mask_p, magic, 2, UNPACK)
+        acc3 += _tile_term(q, x, xsum, zw, s_row, offs_p, mask_p, magic, 3, UNPACK)
+        acc4 += _tile_term(q, x, xsum, zw, s_row, offs_p, mask_p, magic, 4, UNPACK)
+        acc5 += _tile_term(q, x, xsum, zw, s_row, offs_p, mask_p, magic, 5, UNPACK)
+        acc6 += _tile_term(q, x, xsum, zw, s_row, offs_p, mask_p, magic, 6, UNPACK)
+        acc7 += _tile_term(q, x, xsum, zw, s_row, offs_p, mask_p, magic, 7, UNPACK)
+    out_row = out_ptr + pid_k.to(tl.int64) * stride_os + pid_m.to(tl.int64) * stride_om
+    _store_col(out_row, b_ptr, acc0, offs_p, mask_p, HAS_BIAS, 0)
+    _store_col(out_row, b_ptr, acc1, offs_p, mask_p, HAS_BIAS, 1)
+    _store_col(out_row, b_ptr, acc2, offs_p, mask_p, HAS_BIAS, 2)
+    _store_col(out_row, b_ptr, acc3, offs_p, mask_p, HAS_BIAS, 3)
+    _store_col(out_row, b_ptr, acc4, offs_p, mask_p, HAS_BIAS, 4)
+    _store_col(out_row, b_ptr, acc5, offs_p, mask_p, HAS_BIAS, 5)
+    _store_col(out_row, b_ptr, acc6, offs_p, mask_p, HAS_BIAS, 6)
+    _store_col(out_row, b_ptr, acc7, offs_p, mask_p, HAS_BIAS, 7)
+
+
+@triton.jit
 def _sum_splits_kernel(p_ptr, b_ptr, y_ptr, MN, N, SPLIT_K: tl.constexpr, HAS_BIAS: tl.constexpr,
                        BLOCK: tl.constexpr, PDL: tl.constexpr = False):
     """y = sum over the SPLIT_K fp32 partials [SPLIT_K, M, N] (+ bias), in split order."""
@@ -294,11 +401,55 @@ def _launch(kernel, x, weights: tuple, sizes: tuple, bias, y, n: int, k: int, cf
         num_warps=warps, num_stages=stages, **meta, **pdl.launch_args(),
     )
     if split > 1:
-        block = 1024
-        _sum_splits_kernel[(triton.cdiv(m * n, block),)](
-            dst, bias if bias is not None else y, y, m * n, n, SPLIT_K=split, HAS_BIAS=bias is not None,
-            BLOCK=block, num_warps=4, **pdl.launch_args(),
-        )
+        _sum_splits(dst, bias, y)
+    return y
+
+
+def _sum_splits(partials: torch.Tensor, bias, y: torch.Tensor) -> None:
+    """y = the sum of the fp32 K-split partials [split, m, n] (+ bias), in a fixed order: deterministic."""
+    split, m, n = partials.shape
+    block = 1024
+    _sum_splits_kernel[(triton.cdiv(m * n, block),)](
+        partials, bias if bias is not None else y, y, m * n, n, SPLIT_K=split, HAS_BIAS=bias is not None,
+        BLOCK=block, num_warps=4, **pdl.launch_args(),
+    )
+
+
+def gemv_split_k(col_tiles: int, groups: int, partial_bytes: int, weight_bytes: int, num_sms: int) -> int:
+    """K splits for the one-row INT4 walk: doubled while there are fewer than GEMV_PROGRAMS_PER_SM programs per
+    SM (a memory-bound walk needs many loads in flight), each split keeps at least 2 groups, and the fp32
+    partials (written, then read) stay within an eighth of the weight's bytes."""
+    split = 1
+    while (col_tiles * split < GEMV_PROGRAMS_PER_SM * num_sms and groups >= 4 * split
+           and 4 * split * partial_bytes <= weight_bytes // 8):
+        split *= 2
+    return split
+
+
+def _launch_awq_gemv(x, qweight, qzeros, scales, group_size: int, bias, y, cfg: tuple) -> torch.Tensor:
+    _, block_p, block_k, warps, prefetch = cfg[:5]
+    unpack = cfg[5] if len(cfg) > 5 else 0
+    vec = max(1, min(4, block_p // (32 * warps)))
+    m, k = x.shape
+    n = y.shape[1]
+    n8 = n // 8
+    block_p = min(block_p, triton.next_power_of_2(n8))
+    block_k = min(block_k, group_size)
+    groups = k // group_size
+    tiles = triton.cdiv(n8, block_p)
+    weight_bytes = k * n // 2 + groups * n // 2 + groups * n * scales.element_size()
+    split = gemv_split_k(tiles, groups, m * n * 4, weight_bytes, _num_sms(x.device))
+    k_split = triton.cdiv(groups, split) * group_size
+    split = triton.cdiv(k, k_split)
+    dst = y if split == 1 else torch.empty(split, m, n, dtype=torch.float32, device=x.device)
+    _awq_gemv_kernel[(m, tiles, split)](
+        x, qweight, qzeros, scales, bias if bias is not None else y, dst, n, n8, k, k_split,
+        x.stride(0), n, m * n, 0x4B000000, GROUP=group_size, HAS_BIAS=bias is not None and split == 1,
+        BLOCK_P=block_p, BLOCK_K=block_k, PREFETCH=bool(prefetch), UNPACK=unpack, VEC=vec, num_warps=warps, num_stages=1,
+        **pdl.launch_args(),
+    )
+    if split > 1:
+        _sum_splits(dst, bias, y)
     return y
 
 
@@ -335,6 +486,8 @@ def awq_linear(x: torch.Tensor, qweight: torch.Tensor, qzeros: torch.Tensor, sca
         return y
     cfg = config if config is not None else AWQ_CONFIGS[row_bucket(x.shape[0])][0]
     groups = k // group_size
+    if cfg[0] == "gemv":
+        return _launch_awq_gemv(x, qweight, qzeros, scales, group_size, bias, y, cfg)
     return _launch(_awq_kernel, x, (qweight, qzeros, scales), (x.shape[0], n, n // 8), bias, y, n, k, cfg,
                    max_block_k=group_size,
                    weight_bytes=k * n // 2 + groups * n // 2 + groups * n * scales.element_size(), GROUP=group_size)

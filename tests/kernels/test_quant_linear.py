@@ -7,6 +7,7 @@ from tachyon.kernels.quant_linear import (
     INT8_CONFIGS,
     awq_linear,
     awq_linear_ref,
+    gemv_split_k,
     int8_linear,
     int8_linear_ref,
     pack_int4,
@@ -157,6 +158,26 @@ def test_awq_small_groups_clip_block_k(device, rel_err, m):
     qw, qz = pack_int4(q).to(device), pack_int4(z).to(device)
     x = torch.randn(m, k, device=device)
     assert rel_err(awq_linear(x, qw, qz, s, g), awq_linear_ref(x, qw, qz, s, g)) <= 1e-5
+
+
+@pytest.mark.parametrize("n", [40, 328])  # 5 packed columns (one clipped tile); 41 (a partial second tile)
+def test_awq_gemv_every_config_with_k_split(device, rel_err, n):
+    # 16 groups of 32: the one-row walk splits K, prefetches across groups, ends on a partial column tile
+    torch.manual_seed(n)
+    k, g = 512, 32
+    q, z, s = _random_awq(k, n, g, torch.float32, device)
+    qw, qz = pack_int4(q).to(device), pack_int4(z).to(device)
+    x = torch.randn(2, k, device=device)
+    b = torch.randn(n, device=device)
+    ref = awq_linear_ref(x, qw, qz, s, g, b)
+    gemv = [c for c in AWQ_CONFIGS["one_row"] if c[0] == "gemv"]
+    assert gemv and any(c[4] for c in gemv)
+    for cfg in gemv:
+        out = torch.full((2, n), float("nan"), device=device)
+        assert awq_linear(x, qw, qz, s, g, b, config=cfg, out=out) is out
+        assert rel_err(out, ref) <= 1e-5, cfg
+    assert gemv_split_k(col_tiles=1, groups=16, partial_bytes=2 * n * 4, weight_bytes=10**6, num_sms=132) == 8  # 2 groups a split
+    assert gemv_split_k(col_tiles=600, groups=16, partial_bytes=4, weight_bytes=10**6, num_sms=132) == 1
 
 
 def test_zero_rows(device):

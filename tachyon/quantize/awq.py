@@ -1,0 +1,294 @@
+"""AWQ (Lin et al. 2023, activation-aware weight quantization): 4-bit weights in groups of G input features,
+a scale and a zero point per group, made less lossy by scaling each input channel before rounding.
+
+A channel whose activations are large weighs more in the output. Multiplying its weights by s > 1 before
+rounding shrinks their relative rounding error; dividing its input by s keeps the float product the same, and
+that division is folded into the op before (an RMSNorm's weight, or rows of the linear before):
+
+    y = x W^T = (x / s) (W diag(s))^T          the quantized model computes (x / s) Q(W diag(s))^T
+
+For each group of linears sharing one input (qkv after input_layernorm, gate/up after post_attention_layernorm,
+down after the activation, o after v where every query head has its own kv head), s = mean|x|^alpha
+(normalised to a geometric mean of max and min of 1), alpha on a grid of 20 in [0, 1) (alpha = 0: plain
+round-to-nearest), chosen to minimise the squared error of the group's outputs on the calibration tokens. That
+error is exact from the inputs' Gram matrix H = X^T X, gathered once per linear:
+
+    ||X W^T - X E^T||^2 = sum_n (W - E)_n H (W - E)_n^T,     E = Q(W diag(s)) diag(s)^-1
+
+so a grid point costs one [N, K] x [K, K] product whatever the number of tokens. Then a clip search per group
+of G weights of one output feature: shrink the range [min, max] that is rounded over (ratios 1, 0.95, ...,
+0.55) where that lowers the group's own share of the output error (H's diagonal G x G block). q and k rows
+keep their full range (their error passes through the softmax, which this loss does not see).
+
+Layers run in order over the calibration text; layer i's inputs are layer i-1's dense outputs. Where this
+differs from AutoAWQ: the loss is the output error of a group's linears, not of the attention or MLP block
+behind them; the clip shrinks [min, max] instead of clamping to +-absmax.
+
+Rounding, per group (asymmetric, 0..15): scale = (max - min) / 15 (rounded to fp16, as stored), zero =
+round(-min / scale), q = clamp(round(w / scale) + zero, 0, 15), w ~ (q - zero) * scale. The checkpoint is
+AutoAWQ's GEMM layout: qweight int32 [K, N/8] and qzeros [K/G, N/8] in its interleaved nibble order
+(kernels/quant_ref.natural_to_awq), scales fp16 [K/G, N].
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import torch
+from torch import nn
+
+from tachyon.config import ModelConfig
+from tachyon.kernels.quant_ref import natural_to_awq, pack_int4
+from tachyon.quantize.checkpoint import LINEARS, parts
+
+N_GRID = 20
+MAX_SHRINK = 0.5  # the clip search tries range ratios 1.0, 0.95, ..., 0.55
+MAX_CHUNK_TOKENS = 4096  # calibration sequences run through a layer this many tokens at a time
+
+
+def quantization_config(group_size: int) -> dict:
+    """config.json's quantization_config, as AutoAWQ and transformers' AwqConfig write it."""
+    return {"quant_method": "awq", "bits": 4, "group_size": group_size, "zero_point": True, "version": "gemm",
+            "modules_to_not_convert": None}
+
+
+def check_group_size(cfg: ModelConfig, group_size: int) -> None:
+    """Every linear's input features a multiple of G, every output a multiple of 8 (one int32 word)."""
+    q, kv = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
+    ins = {cfg.hidden_size, q, cfg.intermediate_size}
+    if group_size < 16 or group_size & (group_size - 1):
+        raise ValueError(f"--group-size {group_size}: Tachyon's int4 kernels take a power of two >= 16")
+    bad = sorted(k for k in ins if k % group_size)
+    if bad:
+        g = math.gcd(*ins)
+        fit = g & -g  # the largest power of two dividing every input width
+        hint = f"pass --group-size {min(fit, group_size)}" if fit >= 16 else "this model cannot be AWQ-quantized"
+        raise ValueError(f"--group-size {group_size} does not divide the input features {bad} of this model's "
+                         f"linears: {hint}")
+    odd = sorted(n for n in {q, kv, cfg.hidden_size, cfg.intermediate_size} if n % 8)
+    if odd:
+        raise ValueError(f"output features {odd} are not multiples of 8: int4 packs 8 outputs per int32 word")
+
+
+# -- rounding -------------------------------------------------------------------------------------------------
+def quantize_groups(w: torch.Tensor, group_size: int, ratio: torch.Tensor | float = 1.0):
+    """w [N, K] -> (q int32 [N, K] in 0..15, zeros int32 [N, K/G], scales fp32 [N, K/G], fp16-exact); the range of
+    group g of row n is ratio[n, g] * [min, max] (the clip)."""
+    N, K = w.shape
+    wg = w.float().reshape(N, K // group_size, group_size)
+    ratio = torch.as_tensor(ratio, dtype=torch.float32, device=w.device)
+    wmax, wmin = wg.amax(-1) * ratio, wg.amin(-1) * ratio
+    scales = ((wmax - wmin).clamp(min=1e-5) / 15).half().float()
+    zeros = torch.round(-wmin / scales).clamp(0, 15)
+    q = (torch.round(wg / scales[..., None]) + zeros[..., None]).clamp(0, 15)
+    return q.reshape(N, K).to(torch.int32), zeros.to(torch.int32), scales
+
+
+def dequantize_groups(q: torch.Tensor, zeros: torch.Tensor, scales: torch.Tensor, group_size: int) -> torch.Tensor:
+    N, K = q.shape
+    w = (q.reshape(N, K // group_size, group_size) - zeros[..., None]).float() * scales[..., None]
+    return w.reshape(N, K)
+
+
+def fake_quantize(w: torch.Tensor, group_size: int, ratio: torch.Tensor | float = 1.0) -> torch.Tensor:
+    """What the int4 model computes with in place of w [N, K]."""
+    return dequantize_groups(*quantize_groups(w, group_size, ratio), group_size)
+
+
+def pack_awq(hf_name: str, q: torch.Tensor, zeros: torch.Tensor, scales: torch.Tensor) -> dict[str, torch.Tensor]:
+    """One checkpoint linear's tensors in AutoAWQ's layout from q [N, K], zeros and scales [N, K/G]."""
+    return {hf_name + ".qweight": natural_to_awq(pack_int4(q.T.contiguous())).cpu(),
+            hf_name + ".qzeros": natural_to_awq(pack_int4(zeros.T.contiguous())).cpu(),
+            hf_name + ".scales": scales.T.to(torch.float16).contiguous().cpu()}
+
+
+# -- the search -------------------------------------------------------------------------------------------------
+class InputStats:
+    """What a linear's calibration inputs leave behind: sum |x| per input channel and the Gram matrix X^T X."""
+
+    def __init__(self, in_features: int, device):
+        self.abs_sum = torch.zeros(in_features, dtype=torch.float64, device=device)
+        self.gram = torch.zeros(in_features, in_features, dtype=torch.float64, device=device)
+        self.count = 0
+
+    def add(self, x: torch.Tensor) -> None:
+        x = x.reshape(-1, x.shape[-1]).float()
+        self.abs_sum += x.abs().sum(0, dtype=torch.float64)
+        self.gram += (x.T @ x).double()  # fp32 per chunk, summed in fp64
+        self.count += x.shape[0]
+
+    @property
+    def mean(self) -> torch.Tensor:
+        return self.abs_sum / max(self.count, 1)
+
+    def scaled(self, s: torch.Tensor) -> InputStats:
+        """The stats of x / s."""
+        out = InputStats(0, self.gram.device)
+        s = s.double()
+        out.abs_sum, out.gram, out.count = self.abs_sum / s, self.gram / (s[:, None] * s[None, :]), self.count
+        return out
+
+
+def output_error(w: torch.Tensor, w_hat: torch.Tensor, gram: torch.Tensor) -> float:
+    """sum over the calibration tokens and outputs of (x w^T - x w_hat^T)^2, from the Gram matrix."""
+    d = (w.float() - w_hat.float()).double()
+    return float(((d @ gram) * d).sum())
+
+
+def scale_for(mean: torch.Tensor, alpha: float) -> torch.Tensor:
+    s = mean.float().pow(alpha).clamp(min=1e-4)
+    return s / (s.max() * s.min()).sqrt()
+
+
+def search_scale(w: torch.Tensor, stats: InputStats, group_size: int, n_grid: int = N_GRID) -> tuple[torch.Tensor, float]:
+    """The per-input-channel scale s of w [N, K] (all linears of a group side by side) and its alpha."""
+    w = w.float()
+    best = (math.inf, None, 0.0)
+    for i in range(n_grid):
+        alpha = i / n_grid
+        s = scale_for(stats.mean, alpha)
+        err = output_error(w, fake_quantize(w * s, group_size) / s, stats.gram)
+        if err < best[0]:
+            best = (err, s, alpha)
+    return best[1], best[2]
+
+
+def search_clip(w: torch.Tensor, stats: InputStats, group_size: int, n_grid: int = N_GRID,
+                max_shrink: float = MAX_SHRINK) -> torch.Tensor:
+    """Per group of w [N, K]: the range ratio [N, K/G] with the least error of the group's share of the output."""
+    N, K = w.shape
+    ng = K // group_size
+    blocks = stats.gram.reshape(ng, group_size, ng, group_size).diagonal(dim1=0, dim2=2).permute(2, 0, 1)
+    wg = w.double().reshape(N, ng, group_size).transpose(0, 1)  # [ng, N, G]
+    best_err = torch.full((N, ng), math.inf, dtype=torch.float64, device=w.device)
+    best = torch.ones(N, ng, device=w.device)
+    for i in range(round(max_shrink * n_grid)):
+        r = 1 - i / n_grid
+        d = wg - fake_quantize(w, group_size, r).double().reshape(N, ng, group_size).transpose(0, 1)
+        err = ((d @ blocks) * d).sum(-1).T  # [N, ng]
+        better = err < best_err
+        best_err[better], best[better] = err[better], r
+    return best
+
+
+# -- one decoder layer ------------------------------------------------------------------------------------------
+def fold_scale(prev: nn.Module, rows: slice, linear: nn.Linear, s: torch.Tensor) -> None:
+    """linear's inputs become x / s: its weight columns * s, and rows `rows` of the op before (whose outputs are
+    those inputs: an RMSNorm's weight, a linear's weight rows and bias) / s."""
+    linear.weight.data *= s
+    prev.weight.data[rows] /= s if prev.weight.dim() == 1 else s[:, None]
+    if getattr(prev, "bias", None) is not None:
+        prev.bias.data[rows] /= s
+
+
+def no_clip_rows(cfg: ModelConfig, name: str) -> slice:
+    """The rows of fused linear `name` that keep their full range: q and k."""
+    if name == "self_attn.qkv_proj":
+        return slice(0, (cfg.num_heads + cfg.num_kv_heads) * cfg.head_dim)
+    return slice(0, 0)
+
+
+@torch.no_grad()
+def quantize_layer(layer: nn.Module, cfg: ModelConfig, stats: dict[str, InputStats] | None, group_size: int,
+                   clip: bool = True) -> tuple[dict[str, tuple], dict[str, float]]:
+    """Search and fold the scales of one decoder layer (in place), then round each of its linears.
+    stats None: plain round-to-nearest. Returns {linear: (q, zeros, scales)} and the alphas chosen."""
+    attn, mlp = layer.self_attn, layer.mlp
+    q, kv, inter = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim, cfg.intermediate_size
+    alphas: dict[str, float] = {}
+    if stats is not None:
+        # (linear, the op before it, the rows of that op which make the linear's input)
+        groups = [("self_attn.qkv_proj", layer.input_layernorm, slice(None)),
+                  ("mlp.gate_up_proj", layer.post_attention_layernorm, slice(None)),
+                  ("mlp.down_proj", mlp.gate_up_proj, slice(inter, 2 * inter))]
+        if cfg.num_heads == cfg.num_kv_heads:  # o's input channel c is v's output c only without grouped heads
+            groups.insert(1, ("self_attn.o_proj", attn.qkv_proj, slice(q + kv, q + 2 * kv)))
+        for name, prev, rows in groups:
+            linear = layer.get_submodule(name)
+            s, alphas[name] = search_scale(linear.weight.data, stats[name], group_size)
+            fold_scale(prev, rows, linear, s)
+            stats[name] = stats[name].scaled(s)
+    out = {}
+    for name in LINEARS:
+        w = layer.get_submodule(name).weight.data
+        ratio = torch.ones(w.shape[0], w.shape[1] // group_size, device=w.device)
+        if clip and stats is not None:
+            keep = no_clip_rows(cfg, name)
+            rows = torch.ones(w.shape[0], dtype=torch.bool, device=w.device)
+            rows[keep] = False
+            ratio[rows] = search_clip(w[rows], stats[name], group_size)
+        out[name] = quantize_groups(w, group_size, ratio)
+    return out, alphas
+
+
+def _record(stats: InputStats, module, args) -> None:
+    stats.add(args[0])
+
+
+# -- the model --------------------------------------------------------------------------------------------------
+@torch.no_grad()
+def awq_tensors(lm, samples: list[list[int]] | None, group_size: int, clip: bool = True,
+                progress: bool = True) -> tuple[dict[str, torch.Tensor], list[dict[str, float]]]:
+    """Quantize every linear of lm.model (a tachyon.eval.ppl.LoadedModel, dense; its scales are folded in place)
+    to AutoAWQ tensors in HF's names. samples: calibration sequences of token ids, or None for plain
+    round-to-nearest (no calibration, no search). Returns the tensors and each layer's alphas."""
+    from tachyon.eval.ppl import kv_cache, positions_of, prefill_metadata
+
+    model, cfg = lm.model, lm.model.cfg
+    check_group_size(cfg, group_size)
+    device, block_size = lm.config.device, lm.config.cache.block_size
+    chunks: list[list[list[int]]] = []
+    for s in samples or []:
+        if not chunks or sum(map(len, chunks[-1])) + len(s) > MAX_CHUNK_TOKENS:
+            chunks.append([])
+        chunks[-1].append(s)
+    steps = []
+    for c in chunks:
+        lens = [len(s) for s in c]
+        meta, nblocks = prefill_metadata(lens, block_size, device)
+        ids = torch.tensor([t for s in c for t in s], device=device)
+        steps.append((meta, positions_of(lens, device), nblocks, ids))
+    kv = kv_cache(cfg, max((st[2] for st in steps), default=1), block_size, lm.config.dtype, device)
+    state = [(model.embed_tokens(ids), None) for _, _, _, ids in steps]
+    tensors: dict[str, torch.Tensor] = {}
+    report = []
+    layers = model.layers
+    if progress:
+        from tqdm import tqdm
+
+        layers = tqdm(layers, desc="AWQ search" if samples else "AWQ round-to-nearest", unit="layer",
+                      dynamic_ncols=True)
+    for i, layer in enumerate(layers):
+        stats = None
+        if samples:
+            stats = {n: InputStats(layer.get_submodule(n).in_features, device) for n in LINEARS}
+            hooks = [layer.get_submodule(n).register_forward_pre_hook(functools.partial(_record, stats[n]))
+                     for n in LINEARS]
+            try:
+                state = [layer(pos, h, r, kv, meta, lm.backend, model.rotary)
+                         for (h, r), (meta, pos, _, _) in zip(state, steps, strict=True)]
+            finally:
+                for h in hooks:
+                    h.remove()
+        results, alphas = quantize_layer(layer, cfg, stats, group_size, clip)
+        for name, (q, z, s) in results.items():
+            for part in parts(cfg, i, name):
+                rows = slice(part.start, part.start + part.size)
+                tensors.update(pack_awq(part.hf_name, q[rows], z[rows], s[rows]))
+        report.append(alphas)
+        if progress and alphas:
+            layers.set_postfix({k.rpartition(".")[2]: v for k, v in alphas.items()})
+    return tensors, report
+
+
+def calibration_samples(token_ids: list[int], num_samples: int, seq_len: int) -> list[list[int]]:
+    """num_samples windows of seq_len tokens spread evenly over the calibration text (fewer if it is short)."""
+    if num_samples < 1 or seq_len < 1:
+        raise ValueError(f"--calib-samples {num_samples} --calib-seq-len {seq_len}: both must be >= 1")
+    windows = len(token_ids) // seq_len
+    if windows == 0:
+        raise ValueError(f"the calibration text has {len(token_ids)} tokens, fewer than --calib-seq-len {seq_len}")
+    n = min(num_samples, windows)
+    starts = [(j * windows // n) * seq_len for j in range(n)]
+    return [token_ids[s:s + seq_len] for s in starts]
