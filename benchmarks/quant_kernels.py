@@ -16,6 +16,7 @@ A time budget (--budget-s) keeps the run short: past it, only the default config
 from __future__ import annotations
 
 import argparse
+import ast
 import json
 import math
 import time
@@ -31,6 +32,7 @@ from tachyon.kernels.quant_linear import (
     int8_linear,
     int8_linear_ref,
     row_bucket,
+    tuned_key,
 )
 from tachyon.kernels.timing import median_replay_ms
 
@@ -191,6 +193,34 @@ def bench(report: dict, deadline: float, rows: list[int], fmts: tuple[str, ...])
     report["timings"] = results
 
 
+def write_tuned(report: dict, path: str) -> None:
+    """Per (format, row bucket, N x K): the config with the least total time over the bucket's timed rows (only
+    configs timed at every one of them count); merged into what the file already holds."""
+    try:
+        with open(path) as f:
+            table = json.load(f)
+    except FileNotFoundError:
+        table = {}
+    table.update({"device": report["device"], "torch": report["torch"], "triton": report["triton"],
+                  "made_by": "PYTHONPATH=. python benchmarks/quant_kernels.py --write-tuned PATH"})
+    configs = table.setdefault("configs", {})
+    totals: dict = {}
+    for row in report["timings"]:
+        for fmt in ("int8", "awq"):
+            key = tuned_key(row["N"], row["K"], GROUP if fmt == "awq" else None)
+            slot = totals.setdefault((fmt, row_bucket(row["M"]), key), {})
+            for cfg, t in row[fmt]["configs"].items():
+                slot.setdefault(cfg, []).append(t)
+    for (fmt, bucket, key), per_cfg in totals.items():
+        rows = max((len(v) for v in per_cfg.values()), default=0)
+        ok = {c: sum(v) for c, v in per_cfg.items() if len(v) == rows and all(isinstance(t, float) for t in v)}
+        if ok:
+            configs.setdefault(fmt, {}).setdefault(bucket, {})[key] = list(ast.literal_eval(min(ok, key=ok.get)))
+    with open(path, "w") as f:
+        json.dump(table, f, indent=1)
+    print(f"wrote the tuned table {path}", flush=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default="quant_kernels.json")
@@ -198,6 +228,9 @@ def main() -> None:
     ap.add_argument("--rows", default=",".join(map(str, ROWS)), help="comma-separated M values to time")
     ap.add_argument("--formats", default="int8,awq", help="which quantized formats to time (int8, awq)")
     ap.add_argument("--no-check", action="store_true", help="skip the correctness pass over the default configs")
+    ap.add_argument("--write-tuned", default=None,
+                    help="write the fastest config per (format, row bucket, shape) to this JSON, the table "
+                         "tachyon/kernels/quant_tuned/<device>.json that the kernels read on this GPU model")
     args = ap.parse_args()
     rows = [int(r) for r in args.rows.split(",")]
     t0 = time.time()
@@ -209,6 +242,8 @@ def main() -> None:
         print(f"correctness done in {time.time() - t0:.1f} s", flush=True)
     bench(report, t0 + args.budget_s, rows, tuple(args.formats.split(",")))
     report["wall_s"] = time.time() - t0
+    if args.write_tuned:
+        write_tuned(report, args.write_tuned)
     with open(args.out, "w") as f:
         json.dump(report, f, indent=1)
     print(f"wrote {args.out}; total wall time {report['wall_s']:.1f} s")

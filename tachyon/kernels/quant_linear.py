@@ -21,6 +21,8 @@ that write fp32 partials to a workspace, and a second kernel sums them in a fixe
 from __future__ import annotations
 
 import functools
+import json
+import os
 
 import torch
 import triton
@@ -41,7 +43,10 @@ from tachyon.kernels.quant_ref import (  # noqa: F401  (the layouts and referenc
 # it from the shape; late_reduce keeps a BLOCK_N x BLOCK_K fp32 accumulator and reduces it once after the loop.
 # For INT4, BLOCK_K is clipped to the group size. An INT4 entry ("gemv", BLOCK_P, BLOCK_K, num_warps, prefetch
 # [, unpack]) is the one-row walk with the sum over K kept inside each thread (_awq_gemv_kernel): BLOCK_P packed
-# columns per program (BLOCK_P / (32 * num_warps) words a thread, 1, 2 or 4), BLOCK_K rows per iteration.
+# columns per program (BLOCK_P / (32 * num_warps) words a thread, 1, 2 or 4), BLOCK_K rows per iteration; unpack
+# 0: exact magic-number unpack (LOP3 + FADD + FFMA a value), 1: int-to-float, 2: no FADD (the 2**23 offsets come
+# off once a tile, ~1e-5 relative; fp32 activations take 0 instead). A GPU with a measured table
+# (quant_tuned/<device>.json, from benchmarks/quant_kernels.py --write-tuned) takes its per-shape configs.
 INT8_CONFIGS = {
     "one_row": [(1, 16, 512, 0, 4, 4), (1, 8, 512, 0, 4, 4), (1, 16, 1024, 0, 8, 3), (1, 32, 256, 0, 4, 4),
                 (1, 8, 1024, 0, 4, 4, True)],
@@ -49,16 +54,53 @@ INT8_CONFIGS = {
     "gemm": [(64, 128, 128, 0, 4, 3), (64, 64, 128, 0, 4, 4), (128, 128, 64, 0, 8, 3), (128, 256, 64, 1, 8, 3)],
 }
 AWQ_CONFIGS = {
-    "one_row": [("gemv", 128, 32, 4, False, 0), ("gemv", 128, 16, 4, False, 0), ("gemv", 64, 32, 2, False, 0),
-                ("gemv", 32, 32, 1, False, 0), ("gemv", 128, 32, 4, True, 0), ("gemv", 128, 64, 4, False, 0),
-                ("gemv", 256, 16, 4, False, 0), ("gemv", 512, 16, 4, False, 0), ("gemv", 128, 32, 4, False, 1),
-                ("gemv", 256, 32, 8, False, 0), (1, 128, 64, 0, 4, 4, True), (1, 128, 128, 0, 4, 4)],
+    "one_row": [("gemv", 256, 32, 4, False, 2), ("gemv", 128, 64, 4, False, 2), ("gemv", 256, 64, 4, False, 2),
+                ("gemv", 512, 32, 4, False, 2), ("gemv", 128, 32, 4, False, 2), ("gemv", 256, 32, 8, False, 2),
+                ("gemv", 64, 32, 1, False, 2), ("gemv", 32, 32, 1, False, 2), ("gemv", 128, 32, 4, True, 2),
+                ("gemv", 128, 64, 4, False, 0), ("gemv", 256, 32, 8, False, 0), ("gemv", 128, 32, 4, False, 0),
+                ("gemv", 32, 32, 1, False, 0), ("gemv", 128, 32, 4, False, 1), (1, 128, 64, 0, 4, 4, True)],
     "skinny": [(16, 128, 128, 0, 4, 3), (16, 64, 128, 0, 4, 4), (16, 256, 64, 0, 8, 3), (16, 32, 128, 0, 4, 4)],
     "gemm": [(64, 128, 64, 0, 4, 3), (64, 64, 128, 0, 4, 4), (128, 128, 64, 0, 8, 3), (128, 256, 64, 1, 8, 3)],
 }
 GEMV_PROGRAMS_PER_SM = 4  # the one-row INT4 walk splits K until it has this many programs per SM
 MAX_SKINNY_ROWS = 16  # up to this many rows a linear layer is bandwidth-bound
 _MAGIC = tl.constexpr(0x4B000000)  # the bits of the float 2**23: OR-ing in v < 2**23 gives the float 2**23 + v
+
+
+TUNED_DIR = os.path.join(os.path.dirname(__file__), "quant_tuned")
+
+
+@functools.cache
+def _tuned_table(device_name: str) -> dict:
+    """The per-shape configs that `benchmarks/quant_kernels.py --write-tuned` measured on this GPU model:
+    quant_tuned/<device name>.json, {"awq"|"int8": {bucket: {"NxK": config}}}; {} where none was measured."""
+    path = os.path.join(TUNED_DIR, device_name.replace(" ", "_") + ".json")
+    if not os.path.exists(path):
+        return {}
+    with open(path) as f:
+        table = json.load(f)
+    return {fmt: {b: {shape: tuple(c) for shape, c in shapes.items()} for b, shapes in buckets.items()}
+            for fmt, buckets in table.get("configs", {}).items()}
+
+
+@functools.cache
+def _device_table(index: int) -> dict:
+    return _tuned_table(torch.cuda.get_device_name(index))
+
+
+def tuned_key(n: int, k: int, group_size: int | None = None) -> str:
+    """A layer's key in the tuned table: "NxK", and "gG" after it for INT4 (a config's BLOCK_K depends on G)."""
+    return f"{n}x{k}" if group_size is None else f"{n}x{k}g{group_size}"
+
+
+def default_config(fmt: str, m: int, n: int, k: int, device: torch.device, group_size: int | None = None) -> tuple:
+    """The config for m rows of an [N, K] layer: the tuned one for this GPU and shape, else the bucket's first."""
+    bucket = row_bucket(m)
+    if device.type == "cuda":
+        tuned = _device_table(device.index or 0).get(fmt, {}).get(bucket, {}).get(tuned_key(n, k, group_size))
+        if tuned is not None:
+            return tuned
+    return (AWQ_CONFIGS if fmt == "awq" else INT8_CONFIGS)[bucket][0]
 
 
 def row_bucket(m: int) -> str:
@@ -258,17 +300,41 @@ def _nibble_dot(q, x, magic, J: tl.constexpr, UNPACK: tl.constexpr):
         else:
             w = ((q >> 12) & (0xF << (4 * J - 12))) | magic
         f = w.to(tl.float32, bitcast=True) - 8388608.0
-    else:
+    elif UNPACK == 1:
         f = (q & (0xF << (4 * J))).to(tl.float32)
+    else:
+        f = (_nibble_at_12_or_16(q, J) | magic).to(tl.float32, bitcast=True)  # 2**23 + v 2**b: _tile_term takes 2**23 off
     return tl.sum(f * x, axis=1)
+
+
+@triton.jit
+def _nibble_at_12_or_16(q, J: tl.constexpr):
+    """UNPACK 2: nibble J of q moved to bit 12 (J even) or 16 (J odd) of a word, the rest zero. Four shifts a word
+    (q << 12, q << 4, q >> 4, q >> 12 hold nibble pairs 0-1, 2-3, 4-5, 6-7 at bits 12..19), one LOP3 a value."""
+    if J < 2:
+        src = q << 12
+    elif J < 4:
+        src = q << 4
+    elif J < 6:
+        src = q >> 4
+    else:
+        src = q >> 12
+    return src & (0xF << (12 + 4 * (J % 2)))
 
 
 @triton.jit
 def _tile_term(q, x, xsum, zw, s_row, offs_p, mask_p, magic, J: tl.constexpr, UNPACK: tl.constexpr):
     """A tile's contribution to outputs 8p + J, [P]: s * (sum_k q x - z * sum_k x); the tile is inside one group."""
-    B: tl.constexpr = 4 * J if (J < 5 or UNPACK == 1) else 4 * J - 12
+    if UNPACK == 2:
+        B: tl.constexpr = 12 + 4 * (J % 2)
+    elif J < 5 or UNPACK == 1:
+        B: tl.constexpr = 4 * J
+    else:
+        B: tl.constexpr = 4 * J - 12
     dot = _nibble_dot(q, x, magic, J, UNPACK) * (1.0 / (1 << B))
     z = ((zw >> (4 * J)) & 0xF).to(tl.float32)
+    if UNPACK == 2:  # the dot also holds 2**23 * 2**-B * sum x: exact powers of two, taken off with z
+        z += 1 << (23 - B)
     s = tl.load(s_row + offs_p * 8 + J, mask=mask_p, other=0.0).to(tl.float32)
     return s * (dot - z * xsum)
 
@@ -429,6 +495,8 @@ def gemv_split_k(col_tiles: int, groups: int, partial_bytes: int, weight_bytes: 
 def _launch_awq_gemv(x, qweight, qzeros, scales, group_size: int, bias, y, cfg: tuple) -> torch.Tensor:
     _, block_p, block_k, warps, prefetch = cfg[:5]
     unpack = cfg[5] if len(cfg) > 5 else 0
+    if unpack == 2 and x.dtype == torch.float32:
+        unpack = 0  # UNPACK 2 cancels 2**23 * sum x after the dot (~1e-4 relative): fp32 activations get the exact walk
     vec = max(1, min(4, block_p // (32 * warps)))
     m, k = x.shape
     n = y.shape[1]
@@ -456,7 +524,7 @@ def _launch_awq_gemv(x, qweight, qzeros, scales, group_size: int, bias, y, cfg: 
 def int8_linear(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, bias: torch.Tensor | None = None,
                 config: tuple | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
     """x [M, K] @ (qweight int8 [N, K] * scales [N, 1]).T (+ bias [N]) -> [M, N] in x's dtype.
-    config: an INT8_CONFIGS entry; None takes the first of the rows' bucket (`row_bucket`)."""
+    config: an INT8_CONFIGS entry; None takes `default_config`'s (tuned for this GPU, else the bucket's first)."""
     n, k = check_int8_args(x, qweight, scales, bias, "int8_linear")
     if x.stride(-1) != 1:
         x = x.contiguous()
@@ -465,7 +533,7 @@ def int8_linear(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, bi
     y = _output(x, n, out)
     if x.shape[0] == 0:
         return y
-    cfg = config if config is not None else INT8_CONFIGS[row_bucket(x.shape[0])][0]
+    cfg = config if config is not None else default_config("int8", x.shape[0], n, k, x.device)
     return _launch(_int8_kernel, x, (qweight, scales), (x.shape[0], n), bias, y, n, k, cfg,
                    max_block_k=max(16, triton.next_power_of_2(k)), weight_bytes=n * k + n * scales.element_size())
 
@@ -475,7 +543,7 @@ def awq_linear(x: torch.Tensor, qweight: torch.Tensor, qzeros: torch.Tensor, sca
                out: torch.Tensor | None = None) -> torch.Tensor:
     """x [M, K] @ w [K, N] (+ bias [N]) -> [M, N] in x's dtype, w dequantized from qweight int32 [K, N // 8],
     qzeros int32 [K // G, N // 8] and scales [K // G, N] (the module docstring has the packing).
-    config: an AWQ_CONFIGS entry; None takes the first of the rows' bucket (`row_bucket`)."""
+    config: an AWQ_CONFIGS entry; None takes `default_config`'s (tuned for this GPU, else the bucket's first)."""
     n, k = check_awq_args(x, qweight, qzeros, scales, group_size, bias, "awq_linear")
     if x.stride(-1) != 1:
         x = x.contiguous()
@@ -484,7 +552,7 @@ def awq_linear(x: torch.Tensor, qweight: torch.Tensor, qzeros: torch.Tensor, sca
     y = _output(x, n, out)
     if x.shape[0] == 0:
         return y
-    cfg = config if config is not None else AWQ_CONFIGS[row_bucket(x.shape[0])][0]
+    cfg = config if config is not None else default_config("awq", x.shape[0], n, k, x.device, group_size)
     groups = k // group_size
     if cfg[0] == "gemv":
         return _launch_awq_gemv(x, qweight, qzeros, scales, group_size, bias, y, cfg)

@@ -180,6 +180,37 @@ def test_awq_gemv_every_config_with_k_split(device, rel_err, n):
     assert gemv_split_k(col_tiles=600, groups=16, partial_bytes=4, weight_bytes=10**6, num_sms=132) == 1
 
 
+def test_awq_gemv_no_fadd_unpack_in_half(device, rel_err):
+    # UNPACK 2 takes the 2**23 offsets off after each tile's dot: within fp16's rounding of the exact walk
+    torch.manual_seed(5)
+    k, n, g = 1024, 72, 128
+    q, z, s = _random_awq(k, n, g, torch.float16, device)
+    qw, qz = pack_int4(q).to(device), pack_int4(z).to(device)
+    x = (torch.randn(1, k) * 4).to(device=device, dtype=torch.float16)
+    ref = awq_linear_ref(x, qw, qz, s, g)
+    fast = [c for c in AWQ_CONFIGS["one_row"] if c[0] == "gemv" and len(c) > 5 and c[5] == 2]
+    assert fast and AWQ_CONFIGS["one_row"][0] in fast
+    for cfg in fast[:3] + [c for c in fast if c[4]]:
+        assert rel_err(awq_linear(x, qw, qz, s, g, config=cfg), ref) <= TOL[torch.float16], cfg
+
+
+def test_tuned_table_picks_per_shape(tmp_path, monkeypatch):
+    from tachyon.kernels import quant_linear as ql
+    table = {"configs": {"awq": {"one_row": {ql.tuned_key(64, 256, 128): ["gemv", 64, 32, 2, False, 0]}}}}
+    (tmp_path / "Some_GPU.json").write_text(__import__("json").dumps(table))
+    monkeypatch.setattr(ql, "TUNED_DIR", str(tmp_path))
+    ql._tuned_table.cache_clear()
+    try:
+        t = ql._tuned_table("Some GPU")
+        assert t["awq"]["one_row"]["64x256g128"] == ("gemv", 64, 32, 2, False, 0)
+        assert ql._tuned_table("Other GPU") == {}
+    finally:
+        ql._tuned_table.cache_clear()
+    cpu = torch.device("cpu")  # off the GPU the table is never read: the bucket's first config
+    assert ql.default_config("awq", 1, 64, 256, cpu, 128) == AWQ_CONFIGS["one_row"][0]
+    assert ql.default_config("int8", 20, 64, 256, cpu) == INT8_CONFIGS["gemm"][0]
+
+
 def test_zero_rows(device):
     x = torch.empty(0, 64, device=device)
     qw8 = torch.zeros(16, 64, dtype=torch.int8, device=device)
