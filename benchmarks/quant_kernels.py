@@ -19,6 +19,7 @@ import argparse
 import ast
 import json
 import math
+import os
 import time
 
 import torch
@@ -216,6 +217,7 @@ def write_tuned(report: dict, path: str) -> None:
         ok = {c: sum(v) for c, v in per_cfg.items() if len(v) == rows and all(isinstance(t, float) for t in v)}
         if ok:
             configs.setdefault(fmt, {}).setdefault(bucket, {})[key] = list(ast.literal_eval(min(ok, key=ok.get)))
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
     with open(path, "w") as f:
         json.dump(table, f, indent=1)
     print(f"wrote the tuned table {path}", flush=True)
