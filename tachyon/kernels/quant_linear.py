@@ -6,13 +6,15 @@ INT4: qweight int32 [K, N/8], qzeros int32 [K/G, N/8], scales [K/G, N]:  w[k, n]
 
           qweight[k, p] = q[k, 8p+7] << 28 | q[k, 8p+6] << 24 | ... | q[k, 8p+1] << 4 | q[k, 8p]
 
-One kernel per format; the config's BLOCK_M picks the tile:
-- BLOCK_M 1 (default for one row): a program walks K for a strip of BLOCK_N outputs with wide loads of the
-  packed weight, unpacks it in registers (bit tricks, no int-to-float conversions) and accumulates with fp32
-  FMAs (no tensor cores);
-- BLOCK_M 16 (default for 2..16 rows) and larger (default above 16 rows, the GEMM): the weight tile is dequantized
-  in registers to x's dtype and fed to tl.dot with fp32 accumulation. INT8 applies its scale after the K loop;
-  an INT4 tile never crosses a group (BLOCK_K divides G), so it has one scale and zero row.
+Kernels per format; the config (and the row bucket's list of them) picks one:
+- BLOCK_M 1 (INT8 at one row): a program walks K for a strip of BLOCK_N outputs with wide loads of the packed
+  weight, unpacks it in registers (bit tricks, no int-to-float conversions) and accumulates with fp32 FMAs;
+- "gemv" (INT4 at 1..4 rows, _awq_gemv_kernel): columns along lanes, the K sum kept inside each thread, a program
+  per row (the rows of one column tile run side by side, so the weight comes from DRAM once);
+- BLOCK_M 16 and larger (the skinny and GEMM tiles): the weight tile is dequantized in registers to x's dtype and
+  fed to tl.dot with fp32 accumulation. INT8 applies its scale after the K loop; an INT4 tile never crosses a group
+  (BLOCK_K divides G), so it has one scale and zero row;
+- "dequant" (INT4, default above 512 rows): the whole weight dequantized to x's dtype, then cuBLAS.
 Up to 16 rows the time is the weight's bytes over the memory bandwidth: INT4 K*N/2 + (K/G)*N*(scale bytes + 1/2),
 INT8 K*N + N*(scale bytes). Where the (M, N) tiles are too few to fill the GPU, K is split over SPLIT_K programs
 that write fp32 partials to a workspace, and a second kernel sums them in a fixed order (deterministic).
@@ -47,23 +49,36 @@ from tachyon.kernels.quant_ref import (  # noqa: F401  (the layouts and referenc
 # 0: exact magic-number unpack (LOP3 + FADD + FFMA a value), 1: int-to-float, 2: no FADD (the 2**23 offsets come
 # off once a tile, ~1e-5 relative; fp32 activations take 0 instead). A GPU with a measured table
 # (quant_tuned/<device>.json, from benchmarks/quant_kernels.py --write-tuned) takes its per-shape configs.
+# An INT4 entry ("dequant", BLOCK_K, BLOCK_N, num_warps) dequantizes the whole weight to x's dtype (one pass,
+# _awq_dequant_kernel) and multiplies with cuBLAS: 4.5 bytes a weight instead of 0.5, paid back at many rows.
 INT8_CONFIGS = {
     "one_row": [(1, 16, 512, 0, 4, 4), (1, 8, 512, 0, 4, 4), (1, 16, 1024, 0, 8, 3), (1, 32, 256, 0, 4, 4),
                 (1, 8, 1024, 0, 4, 4, True)],
+    "few": [(1, 16, 512, 0, 4, 4), (1, 8, 512, 0, 4, 4), (16, 32, 256, 0, 4, 4), (16, 16, 512, 0, 4, 4)],
     "skinny": [(16, 32, 256, 0, 4, 4), (16, 16, 512, 0, 4, 4), (16, 64, 256, 0, 8, 3), (16, 32, 512, 0, 4, 3)],
     "gemm": [(64, 128, 128, 0, 4, 3), (64, 64, 128, 0, 4, 4), (128, 128, 64, 0, 8, 3), (128, 256, 64, 1, 8, 3)],
+    "prefill": [(64, 128, 128, 0, 4, 3), (128, 128, 64, 0, 8, 3), (128, 256, 64, 1, 8, 3)],
 }
+_GEMV_FEW = [("gemv", 128, 64, 4, False, 2), ("gemv", 128, 32, 4, False, 2), ("gemv", 64, 32, 1, False, 2),
+             ("gemv", 32, 32, 1, False, 2)]
+_DEQUANT = [("dequant", 32, 256, 4), ("dequant", 64, 128, 4), ("dequant", 32, 512, 8)]
 AWQ_CONFIGS = {
     "one_row": [("gemv", 256, 32, 4, False, 2), ("gemv", 128, 64, 4, False, 2), ("gemv", 256, 64, 4, False, 2),
                 ("gemv", 512, 32, 4, False, 2), ("gemv", 128, 32, 4, False, 2), ("gemv", 256, 32, 8, False, 2),
                 ("gemv", 64, 32, 1, False, 2), ("gemv", 32, 32, 1, False, 2), ("gemv", 128, 32, 4, True, 2),
                 ("gemv", 128, 64, 4, False, 0), ("gemv", 256, 32, 8, False, 0), ("gemv", 128, 32, 4, False, 0),
                 ("gemv", 32, 32, 1, False, 0), ("gemv", 128, 32, 4, False, 1), (1, 128, 64, 0, 4, 4, True)],
-    "skinny": [(16, 128, 128, 0, 4, 3), (16, 64, 128, 0, 4, 4), (16, 256, 64, 0, 8, 3), (16, 32, 128, 0, 4, 4)],
-    "gemm": [(64, 128, 64, 0, 4, 3), (64, 64, 128, 0, 4, 4), (128, 128, 64, 0, 8, 3), (128, 256, 64, 1, 8, 3)],
+    "few": _GEMV_FEW + [(16, 128, 128, 0, 4, 3), (16, 64, 128, 0, 4, 4)] + _DEQUANT[:1],
+    "skinny": [(16, 128, 128, 0, 4, 3), (16, 64, 128, 0, 4, 4), (16, 256, 64, 0, 8, 3), (16, 32, 128, 0, 4, 4)]
+              + _GEMV_FEW[:2] + _DEQUANT,
+    "gemm": [(64, 128, 64, 0, 4, 3), (64, 64, 128, 0, 4, 4), (128, 128, 64, 0, 8, 3), (128, 256, 64, 1, 8, 3)]
+            + _DEQUANT,
+    "prefill": _DEQUANT + [(128, 128, 64, 0, 8, 3), (128, 256, 64, 1, 8, 3)],
 }
 GEMV_PROGRAMS_PER_SM = 4  # the one-row INT4 walk splits K until it has this many programs per SM
+MAX_FEW_ROWS = 4  # up to this many rows the one-row walks (a program per row, the weight shared in L2) compete
 MAX_SKINNY_ROWS = 16  # up to this many rows a linear layer is bandwidth-bound
+MAX_GEMM_ROWS = 512  # above this many rows (a prefill) dequantizing the whole weight for cuBLAS is cheap
 _MAGIC = tl.constexpr(0x4B000000)  # the bits of the float 2**23: OR-ing in v < 2**23 gives the float 2**23 + v
 
 
@@ -104,8 +119,15 @@ def default_config(fmt: str, m: int, n: int, k: int, device: torch.device, group
 
 
 def row_bucket(m: int) -> str:
-    """Which config list serves m rows: "one_row", "skinny" (2..16) or "gemm"."""
-    return "one_row" if m <= 1 else "skinny" if m <= MAX_SKINNY_ROWS else "gemm"
+    """Which config list serves m rows: "one_row", "few" (2..4), "skinny" (5..16), "gemm" (17..512) or
+    "prefill"."""
+    if m <= 1:
+        return "one_row"
+    if m <= MAX_FEW_ROWS:
+        return "few"
+    if m <= MAX_SKINNY_ROWS:
+        return "skinny"
+    return "gemm" if m <= MAX_GEMM_ROWS else "prefill"
 
 
 def split_k(programs: int, k_tiles: int, partial_bytes: int, weight_bytes: int, num_sms: int) -> int:
@@ -432,6 +454,24 @@ def _sum_splits_kernel(p_ptr, b_ptr, y_ptr, MN, N, SPLIT_K: tl.constexpr, HAS_BI
 # launchers
 
 
+@triton.jit
+def _awq_dequant_kernel(qw_ptr, qz_ptr, s_ptr, w_ptr, N, N8, GROUP: tl.constexpr, BLOCK_K: tl.constexpr,
+                        BLOCK_N: tl.constexpr, PDL: tl.constexpr = False):
+    """w [K, N] = (q - z) * s for a BLOCK_K x BLOCK_N tile (BLOCK_K divides G: one zero and scale row)."""
+    pdl.enter(PDL)
+    pid_k, pid_n = tl.program_id(0), tl.program_id(1)
+    kk = (pid_k * BLOCK_K + tl.arange(0, BLOCK_K)).to(tl.int64)
+    offs_p = pid_n * (BLOCK_N // 8) + tl.arange(0, BLOCK_N // 8)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    mask_p, mask_n = offs_p < N8, offs_n < N
+    g = (pid_k * BLOCK_K) // GROUP
+    q = tl.load(qw_ptr + kk[:, None] * N8 + offs_p[None, :], mask=mask_p[None, :], other=0)
+    z = tl.load(qz_ptr + g * N8 + offs_p, mask=mask_p, other=0)
+    s = tl.load(s_ptr + g.to(tl.int64) * N + offs_n, mask=mask_n, other=0.0).to(tl.float32)
+    w = _int4_minus_zero(q, z[None, :], BLOCK_N) * s[None, :]
+    tl.store(w_ptr + kk[:, None] * N + offs_n[None, :], w.to(w_ptr.dtype.element_ty), mask=mask_n[None, :])
+
+
 def _output(x: torch.Tensor, n: int, out: torch.Tensor | None) -> torch.Tensor:
     if out is None:
         return torch.empty(x.shape[0], n, dtype=x.dtype, device=x.device)
@@ -521,6 +561,28 @@ def _launch_awq_gemv(x, qweight, qzeros, scales, group_size: int, bias, y, cfg: 
     return y
 
 
+def awq_dequantize(qweight: torch.Tensor, qzeros: torch.Tensor, scales: torch.Tensor, group_size: int,
+                   config: tuple = _DEQUANT[0]) -> torch.Tensor:
+    """The INT4 weight as a dense [K, N] tensor in scales' dtype: (q - z) * s, on the GPU in one pass."""
+    _, block_k, block_n, warps = config[:4]
+    k, n = qweight.shape[0], scales.shape[1]
+    block_k = min(block_k, group_size)
+    block_n = min(block_n, max(16, triton.next_power_of_2(n)))
+    w = torch.empty(k, n, dtype=scales.dtype, device=qweight.device)
+    _awq_dequant_kernel[(k // block_k, triton.cdiv(n, block_n))](
+        qweight, qzeros, scales, w, n, n // 8, GROUP=group_size, BLOCK_K=block_k, BLOCK_N=block_n,
+        num_warps=warps, **pdl.launch_args(),
+    )
+    return w
+
+
+def _awq_via_dense(x, qweight, qzeros, scales, group_size: int, bias, y, cfg: tuple) -> torch.Tensor:
+    w = awq_dequantize(qweight, qzeros, scales, group_size, cfg)
+    if bias is None:
+        return torch.matmul(x, w, out=y)
+    return torch.addmm(bias, x, w, out=y)
+
+
 def int8_linear(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, bias: torch.Tensor | None = None,
                 config: tuple | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
     """x [M, K] @ (qweight int8 [N, K] * scales [N, 1]).T (+ bias [N]) -> [M, N] in x's dtype.
@@ -556,6 +618,8 @@ def awq_linear(x: torch.Tensor, qweight: torch.Tensor, qzeros: torch.Tensor, sca
     groups = k // group_size
     if cfg[0] == "gemv":
         return _launch_awq_gemv(x, qweight, qzeros, scales, group_size, bias, y, cfg)
+    if cfg[0] == "dequant":
+        return _awq_via_dense(x, qweight, qzeros, scales, group_size, bias, y, cfg)
     return _launch(_awq_kernel, x, (qweight, qzeros, scales), (x.shape[0], n, n // 8), bias, y, n, k, cfg,
                    max_block_k=group_size,
                    weight_bytes=k * n // 2 + groups * n // 2 + groups * n * scales.element_size(), GROUP=group_size)

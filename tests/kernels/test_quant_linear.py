@@ -5,6 +5,7 @@ import torch.nn.functional as F
 from tachyon.kernels.quant_linear import (
     AWQ_CONFIGS,
     INT8_CONFIGS,
+    awq_dequantize,
     awq_linear,
     awq_linear_ref,
     gemv_split_k,
@@ -15,12 +16,14 @@ from tachyon.kernels.quant_linear import (
     split_k,
     unpack_int4,
 )
+from tachyon.kernels.quant_ref import dequantize_int4
 
 TOL = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 8e-3}
 ROWS = [1, 3, 16, 17, 40]  # one row, skinny, the skinny edge, GEMM
 # every case runs the default and a config that splits K (on 3 rows, also one-row tiles, late reduce and a split);
 # on the GPU, bf16 without bias also runs every candidate (each config is one compile per dtype and bias)
-SPLIT_CONFIG = {"one_row": (1, 128, 64, 2, 4, 4, True), "skinny": (16, 64, 64, 2, 4, 4), "gemm": (32, 64, 64, 2, 4, 3)}
+SPLIT_CONFIG = {"one_row": (1, 128, 64, 2, 4, 4, True), "few": (1, 128, 64, 2, 4, 4, True),
+                "skinny": (16, 64, 64, 2, 4, 4), "gemm": (32, 64, 64, 2, 4, 3), "prefill": (32, 64, 64, 2, 4, 3)}
 
 
 def _configs(table: dict, m: int, device: str, dtype, bias: bool) -> list:
@@ -180,6 +183,30 @@ def test_awq_gemv_every_config_with_k_split(device, rel_err, n):
     assert gemv_split_k(col_tiles=600, groups=16, partial_bytes=4, weight_bytes=10**6, num_sms=132) == 1
 
 
+@pytest.mark.parametrize("m,bias", [(3, True), (520, False)])
+def test_awq_dequant_then_dense_matmul(dtype, device, rel_err, m, bias):
+    # the "dequant" configs: the whole weight dequantized in one pass (exactly the reference's), then cuBLAS;
+    # the default above 512 rows, a candidate from 2 rows up
+    torch.manual_seed(m)
+    k, n, g = 256, 200, 64  # 25 packed columns: the last column tile is partial
+    q, z, s = _random_awq(k, n, g, dtype, device)
+    qw, qz = pack_int4(q).to(device), pack_int4(z).to(device)
+    exact = dequantize_int4(qw, qz, s.float(), g)
+    dequant = sorted({c for cfgs in AWQ_CONFIGS.values() for c in cfgs if c[0] == "dequant"})
+    assert dequant and AWQ_CONFIGS["prefill"][0] in dequant and row_bucket(520) == "prefill"
+    for cfg in dequant:
+        w = awq_dequantize(qw, qz, s, g, cfg)
+        assert w.dtype == dtype and w.shape == (k, n)
+        assert torch.equal(w, exact.to(dtype)), cfg  # (q - z) * s rounded once, as the reference does
+    x = _strided(m, k, dtype, device)
+    b = torch.randn(n).to(device=device, dtype=dtype) if bias else None
+    ref = awq_linear_ref(x, qw, qz, s, g, b)
+    for cfg in [None] + dequant:
+        out = torch.full((m, n), float("nan"), dtype=dtype, device=device)
+        assert awq_linear(x, qw, qz, s, g, b, config=cfg, out=out) is out
+        assert rel_err(out, ref) <= 2 * TOL[dtype], cfg  # the weight is rounded to x's dtype before the dot
+
+
 def test_awq_gemv_no_fadd_unpack_in_half(device, rel_err):
     # UNPACK 2 takes the 2**23 offsets off after each tile's dot: within fp16's rounding of the exact walk
     torch.manual_seed(5)
@@ -251,7 +278,9 @@ def test_rejects_bad_inputs(device):
 
 
 def test_row_bucket_and_split_k():
-    assert [row_bucket(m) for m in (1, 2, 16, 17)] == ["one_row", "skinny", "skinny", "gemm"]
+    assert [row_bucket(m) for m in (1, 2, 4, 5, 16, 17, 512, 513)] == [
+        "one_row", "few", "few", "skinny", "skinny", "gemm", "gemm", "prefill"]
+    assert set(AWQ_CONFIGS) == set(INT8_CONFIGS) == set(SPLIT_CONFIG)
     # llama3-8b down_proj at one row, INT4: 32 strips of 128 outputs, 112 K tiles -> split 16 (512 programs)
     assert split_k(32, 112, 4096 * 4, 14336 * 4096 // 2, 132) == 16
     assert split_k(448, 64, 57344 * 4, 8192 * 57344 // 2, 132) == 1  # enough strips already
