@@ -5,7 +5,8 @@
 # Usage (repo root, on the GPU machine, with .whl/ carried): OUT=dir bash benchmarks/h200_serve.sh
 #   LOADS="c1 c16 c64 c256 poisson20" (default: all five) picks the load points;
 #   PEER=1 also measures each with vLLM's own client (benchmark_serving.py, copied from ../shared/peer-bench
-#   into the git-ignored .peer-bench/ and carried) right before `tachyon bench serve`.
+#   into the git-ignored .peer-bench/ and carried) right before `tachyon bench serve`;
+#   SERVER_ARGS="..." adds flags to `tachyon serve` (e.g. --log-level debug).
 set -u
 SITE=/tmp/tachyon_site
 # .whl/ is git-ignored: pass it to the device tool with carry=[".whl"]. A wheel is a zip: unpack the ones whose
@@ -25,7 +26,7 @@ for whl in sorted(glob.glob(".whl/*.whl")):
 PY
 export PYTHONPATH=".:$SITE"
 MODEL=benchmarks/models/llama3-8b-serve
-python -m tachyon serve --model $MODEL --load-format dummy --max-model-len 4096 --port 8011 > "$OUT/server.log" 2>&1 &
+python -m tachyon serve --model $MODEL --load-format dummy --max-model-len 4096 --port 8011 ${SERVER_ARGS:-} > "$OUT/server.log" 2>&1 &
 SERVER=$!
 for i in $(seq 240); do
   kill -0 $SERVER 2>/dev/null || { echo "server exited:"; tail -5 "$OUT/server.log"; exit 1; }

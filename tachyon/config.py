@@ -77,10 +77,12 @@ def quant_config_from_hf(cfg: dict[str, Any]) -> QuantConfig | None:
             raise ValueError(f"compressed-tensors checkpoint in format {fmt!r} with {len(groups)} config groups: "
                              f"Tachyon loads one pack-quantized W4A16 group")
         w, acts = groups[0].get("weights") or {}, groups[0].get("input_activations")
+        # GPTQ's default actorder "weight" (alias "static") only orders its calibration: the layout is unchanged.
+        # "group" ("dynamic") permutes the groups and stores weight_g_idx, which Tachyon does not read.
         if (w.get("num_bits") != 4 or w.get("type", "int") != "int" or w.get("strategy") != "group" or acts
-                or w.get("actorder")):
+                or w.get("actorder") not in (None, "weight", "static")):
             raise ValueError(f"compressed-tensors scheme {w} (activations {acts}): Tachyon loads 4-bit int weights "
-                             f"in groups, 16-bit activations, no activation ordering (W4A16)")
+                             f"in groups, 16-bit activations, activation ordering none or 'weight' (W4A16)")
         return QuantConfig("awq", int(w.get("group_size") or 128), "compressed-tensors", bool(w.get("symmetric")))
     raise ValueError(f"the checkpoint is quantized with {method!r}: Tachyon loads awq (AutoAWQ), "
                      f"compressed-tensors W4A16 and its own int8")

@@ -1,7 +1,7 @@
 """`tachyon quantize`: a dense checkpoint in, a weight-quantized one out, then both models' held-out perplexity.
 
     tachyon quantize --model IN --method int8 --out DIR     8-bit, one absmax scale per output feature
-    tachyon quantize --model IN --method awq --out DIR      4-bit AWQ in groups (tachyon.quantize.awq)
+    tachyon quantize --model IN --method awq --out DIR      4-bit AWQ in groups, GPTQ rounding (tachyon.quantize.awq)
 
 DIR is an HF checkpoint directory (model.safetensors in HF's names, config.json with `quantization_config`,
 the tokenizer files), so `tachyon serve --model DIR` runs it. Embeddings, norms and lm_head stay dense. The
@@ -45,6 +45,10 @@ def add_quantize_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--no-search", action="store_true",
                    help="plain round-to-nearest: no calibration, no scale or clip search")
     g.add_argument("--no-clip", action="store_true", help="the scale search without the clip search")
+    g.add_argument("--rounding", choices=("gptq", "nearest"), default="gptq",
+                   help="how the scaled weights are rounded: gptq, each column's error compensated by the columns "
+                        "after it (GPTQ); nearest, round to nearest with a least-squares scale refit "
+                        "(default %(default)s)")
     g = p.add_argument_group("perplexity after writing (tachyon eval ppl, dense vs quantized)")
     g.add_argument("--no-eval", action="store_true", help="skip it")
     add_ppl_args(g, prefix="eval-")
@@ -80,12 +84,12 @@ def run_quantize(args: argparse.Namespace) -> int:
             if not args.no_search:
                 ids = encode(lm.tokenizer, calibration_text(), "calibration")
                 samples = awq.calibration_samples(ids, args.calib_samples, args.calib_seq_len)
-            tensors, _ = awq.awq_tensors(lm, samples, args.group_size, clip=not args.no_clip)
+            tensors, _ = awq.awq_tensors(lm, samples, args.group_size, clip=not args.no_clip, rounding=args.rounding)
             qc = awq.quantization_config(args.group_size)
             what = (f"AWQ int4, group {args.group_size}, "
                     + ("round-to-nearest" if samples is None else
-                       f"scale{'' if args.no_clip else ' + clip'} search on {len(samples)} x "
-                       f"{len(samples[0])} calibration tokens"))
+                       f"scale{'' if args.no_clip else ' + clip'} search and {args.rounding} rounding on "
+                       f"{len(samples)} x {len(samples[0])} calibration tokens"))
         tensors.update(dense_tensors(lm.model, out_dtype))
     write_checkpoint(args.out, lm.path, tensors, cfg.hf_config, qc, out_dtype)
     del lm, tensors

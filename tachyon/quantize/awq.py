@@ -9,20 +9,30 @@ that division is folded into the op before (an RMSNorm's weight, or rows of the 
 
 For each group of linears sharing one input (qkv after input_layernorm, gate/up after post_attention_layernorm,
 down after the activation, o after v where every query head has its own kv head), s = mean|x|^alpha
-(normalised to a geometric mean of max and min of 1), alpha on a grid of 20 in [0, 1) (alpha = 0: plain
-round-to-nearest), chosen to minimise the squared error of the group's outputs on the calibration tokens. That
-error is exact from the inputs' Gram matrix H = X^T X, gathered once per linear:
+(normalised to a geometric mean of max and min of 1), or AutoAWQ's duo form mean|x|^alpha / mean|w|^(1-alpha)
+(|w| relative to its group's absmax, averaged over outputs), alpha on a grid of 20 in [0, 1) for each (alpha = 0
+of the first: plain round-to-nearest), chosen to minimise the squared error of the group's outputs on the
+calibration tokens. That error is exact from the inputs' Gram matrix H = X^T X, gathered once per linear:
 
     ||X W^T - X E^T||^2 = sum_n (W - E)_n H (W - E)_n^T,     E = Q(W diag(s)) diag(s)^-1
 
-so a grid point costs one [N, K] x [K, K] product whatever the number of tokens. Then a clip search per group
-of G weights of one output feature: shrink the range [min, max] that is rounded over (ratios 1, 0.95, ...,
-0.55) where that lowers the group's own share of the output error (H's diagonal G x G block). q and k rows
-keep their full range (their error passes through the softmax, which this loss does not see).
+so a grid point costs one [N, K] x [K, K] product whatever the number of tokens.
 
-Layers run in order over the calibration text; layer i's inputs are layer i-1's dense outputs. Where this
-differs from AutoAWQ: the loss is the output error of a group's linears, not of the attention or MLP block
-behind them; the clip shrinks [min, max] instead of clamping to +-absmax.
+Then the scaled weight is rounded (`--rounding`):
+- gptq (default): GPTQ (Frantar et al. 2022) on the scaled weight and the Gram matrix of the scaled inputs:
+  columns rounded in order, each one's error spread over the columns still to round through H^-1 (Cholesky,
+  1% damping), so later columns absorb it; a group's scale and zero are fixed when its first column comes up,
+  from the weights as updated by then, with the clip search below on that group.
+- nearest: each group rounded to nearest over a clipped range (below), then its scale refit by least squares
+  under H's block (zero kept, q rounded again, kept where the error drops).
+The clip search, per group of G weights of one output feature: shrink the range [min, max] that is rounded over
+(ratios 1, 0.95, ..., 0.55) where that lowers the group's own share of the output error (H's diagonal G x G
+block).
+
+Layers run in order over the calibration text; layer i calibrates on what layers 0..i-1 compute once rounded.
+Where this differs from AutoAWQ: the loss is the output error of a group's linears, not of the attention or MLP
+block behind them (measured on the embedded model, ranking the best grid points by the block's output error
+made perplexity slightly worse); the clip shrinks [min, max] instead of clamping to +-absmax; the rounding.
 
 Rounding, per group (asymmetric, 0..15): scale = (max - min) / 15 (rounded to fp16, as stored), zero =
 round(-min / scale), q = clamp(round(w / scale) + zero, 0, 15), w ~ (q - zero) * scale. The checkpoint is
@@ -42,8 +52,12 @@ from tachyon.config import ModelConfig
 from tachyon.kernels.quant_ref import natural_to_awq, pack_int4
 from tachyon.quantize.checkpoint import LINEARS, parts
 
+ROUNDINGS = ("gptq", "nearest")  # after the scale search: GPTQ's error feedback, or nearest + scale refit
 N_GRID = 20
 MAX_SHRINK = 0.5  # the clip search tries range ratios 1.0, 0.95, ..., 0.55
+GPTQ_DAMP = 0.01  # added to the Gram matrix's diagonal, times its mean, before it is inverted
+GPTQ_BLOCK = 128  # columns rounded between two updates of the rest of the weight
+REFINE_ITERS = 4  # least-squares scale refits per group after the clip search
 MAX_CHUNK_TOKENS = 4096  # calibration sequences run through a layer this many tokens at a time
 
 
@@ -136,21 +150,35 @@ def output_error(w: torch.Tensor, w_hat: torch.Tensor, gram: torch.Tensor) -> fl
     return float(((d @ gram) * d).sum())
 
 
-def scale_for(mean: torch.Tensor, alpha: float) -> torch.Tensor:
-    s = mean.float().pow(alpha).clamp(min=1e-4)
+def scale_for(mean: torch.Tensor, alpha: float, w_mean: torch.Tensor | None = None) -> torch.Tensor:
+    """mean|x|^alpha, divided by w_mean^(1 - alpha) when given (AutoAWQ's duo scaling), normalised."""
+    s = mean.float().pow(alpha)
+    if w_mean is not None:
+        s = s / (w_mean.float().pow(1 - alpha) + 1e-4)
+    s = s.clamp(min=1e-4)
     return s / (s.max() * s.min()).sqrt()
 
 
+def weight_mean(w: torch.Tensor, group_size: int) -> torch.Tensor:
+    """Per input channel: the mean over output features of |w| relative to its group's absmax."""
+    N, K = w.shape
+    wg = w.float().abs().reshape(N, K // group_size, group_size)
+    return (wg / wg.amax(-1, keepdim=True).clamp(min=1e-8)).reshape(N, K).mean(0)
+
+
 def search_scale(w: torch.Tensor, stats: InputStats, group_size: int, n_grid: int = N_GRID) -> tuple[torch.Tensor, float]:
-    """The per-input-channel scale s of w [N, K] (all linears of a group side by side) and its alpha."""
+    """The per-input-channel scale s of w [N, K] (all linears of a group side by side) and its alpha: the grid
+    over alpha of both mean|x|^alpha and AutoAWQ's duo form, whichever gives the least output error."""
     w = w.float()
+    w_mean = weight_mean(w, group_size)
     best = (math.inf, None, 0.0)
-    for i in range(n_grid):
-        alpha = i / n_grid
-        s = scale_for(stats.mean, alpha)
-        err = output_error(w, fake_quantize(w * s, group_size) / s, stats.gram)
-        if err < best[0]:
-            best = (err, s, alpha)
+    for duo in (None, w_mean):
+        for i in range(n_grid):
+            alpha = i / n_grid
+            s = scale_for(stats.mean, alpha, duo)
+            err = output_error(w, fake_quantize(w * s, group_size) / s, stats.gram)
+            if err < best[0]:
+                best = (err, s, alpha)
     return best[1], best[2]
 
 
@@ -159,7 +187,7 @@ def search_clip(w: torch.Tensor, stats: InputStats, group_size: int, n_grid: int
     """Per group of w [N, K]: the range ratio [N, K/G] with the least error of the group's share of the output."""
     N, K = w.shape
     ng = K // group_size
-    blocks = stats.gram.reshape(ng, group_size, ng, group_size).diagonal(dim1=0, dim2=2).permute(2, 0, 1)
+    blocks = group_blocks(stats, group_size)
     wg = w.double().reshape(N, ng, group_size).transpose(0, 1)  # [ng, N, G]
     best_err = torch.full((N, ng), math.inf, dtype=torch.float64, device=w.device)
     best = torch.ones(N, ng, device=w.device)
@@ -172,6 +200,95 @@ def search_clip(w: torch.Tensor, stats: InputStats, group_size: int, n_grid: int
     return best
 
 
+def group_blocks(stats: InputStats, group_size: int) -> torch.Tensor:
+    """The G x G diagonal blocks of the Gram matrix, [K/G, G, G]: group g's share of the output error."""
+    ng = stats.gram.shape[0] // group_size
+    return stats.gram.reshape(ng, group_size, ng, group_size).diagonal(dim1=0, dim2=2).permute(2, 0, 1)
+
+
+def refine_scales(w: torch.Tensor, stats: InputStats, group_size: int, q: torch.Tensor, zeros: torch.Tensor,
+                  scales: torch.Tensor, iters: int = REFINE_ITERS):
+    """Lower each group's output error further, keeping its zero point: the scale that is the least-squares
+    fit of w to s * (q - z) under H's diagonal block (closed form), then q rounded again on that scale; a group
+    keeps the new pair only where its error went down."""
+    N, K = w.shape
+    ng = K // group_size
+    blocks = group_blocks(stats, group_size)
+    wg = w.double().reshape(N, ng, group_size).transpose(0, 1)  # [ng, N, G]
+    zt = zeros.T.double()[..., None]  # [ng, N, 1]
+
+    def err_of(qt, st):
+        d = wg - (qt - zt) * st[..., None]
+        return ((d @ blocks) * d).sum(-1)  # [ng, N]
+
+    qt, st = q.reshape(N, ng, group_size).transpose(0, 1).double(), scales.T.double()
+    best = err_of(qt, st)
+    for _ in range(iters):
+        d = qt - zt
+        hd = d @ blocks
+        den = (hd * d).sum(-1)
+        s_new = torch.where(den > 0, (hd * wg).sum(-1) / den.clamp(min=1e-30), st).clamp(min=1e-5).half().double()
+        q_new = (torch.round(wg / s_new[..., None]) + zt).clamp(0, 15)
+        e = err_of(q_new, s_new)
+        better = e < best
+        best = torch.where(better, e, best)
+        st = torch.where(better, s_new, st)
+        qt = torch.where(better[..., None], q_new, qt)
+    return (qt.transpose(0, 1).reshape(N, K).to(torch.int32), zeros, st.T.float().contiguous())
+
+
+def gptq_round(w: torch.Tensor, gram: torch.Tensor, group_size: int, clip: bool = True, n_grid: int = N_GRID,
+               max_shrink: float = MAX_SHRINK, block: int = GPTQ_BLOCK):
+    """Round w [N, K] column by column, each column's rounding error spread over the columns not yet rounded
+    through the inverse Gram matrix (GPTQ, Frantar et al. 2022), so that the output error on the calibration
+    tokens stays small; a group's scale and zero are set when its first column is reached, from the weights as
+    updated by then (with the clip search on that group's share of the error). Same result layout as
+    quantize_groups: (q int32 [N, K], zeros int32 [N, K/G], scales fp32 [N, K/G])."""
+    N, K = w.shape
+    W = w.double().clone()
+    H = gram.double().clone()
+    dead = H.diagonal() == 0
+    H[dead, dead] = 1.0
+    W[:, dead] = 0.0
+    H.diagonal().add_(GPTQ_DAMP * H.diagonal().mean())
+    hinv = torch.linalg.cholesky(torch.cholesky_inverse(torch.linalg.cholesky(H)), upper=True)
+    q = torch.zeros(N, K, dtype=torch.int32, device=w.device)
+    ng = K // group_size
+    zeros = torch.zeros(N, ng, dtype=torch.int32, device=w.device)
+    scales = torch.zeros(N, ng, dtype=torch.float32, device=w.device)
+    block = max(block, group_size) // group_size * group_size  # a block holds whole groups
+    for b0 in range(0, K, block):
+        b1 = min(b0 + block, K)
+        W1, E1, h1 = W[:, b0:b1].clone(), torch.zeros(N, b1 - b0, dtype=torch.float64, device=w.device), hinv[b0:b1, b0:b1]
+        for i in range(b1 - b0):
+            col = b0 + i
+            if col % group_size == 0:
+                g = col // group_size
+                wg = W1[:, i:i + group_size]
+                ratio = 1.0
+                if clip:
+                    hb = gram[col:col + group_size, col:col + group_size].double()
+                    best = torch.full((N,), math.inf, dtype=torch.float64, device=w.device)
+                    ratio = torch.ones(N, 1, device=w.device)
+                    for j in range(round(max_shrink * n_grid)):
+                        r = 1 - j / n_grid
+                        d = wg - fake_quantize(wg, group_size, r).double()
+                        err = ((d @ hb) * d).sum(-1)
+                        better = err < best
+                        best[better], ratio[better] = err[better], r
+                _, z, sc = quantize_groups(wg, group_size, ratio)
+                zeros[:, g], scales[:, g] = z[:, 0], sc[:, 0]
+                zf, sf = z[:, 0].double(), sc[:, 0].double()
+            x = W1[:, i]
+            qi = (torch.round(x / sf) + zf).clamp(0, 15)
+            q[:, col] = qi.to(torch.int32)
+            err = (x - (qi - zf) * sf) / h1[i, i]
+            W1[:, i:] -= err[:, None] * h1[i, i:][None, :]
+            E1[:, i] = err
+        W[:, b1:] -= E1 @ hinv[b0:b1, b1:]
+    return q, zeros, scales
+
+
 # -- one decoder layer ------------------------------------------------------------------------------------------
 def fold_scale(prev: nn.Module, rows: slice, linear: nn.Linear, s: torch.Tensor) -> None:
     """linear's inputs become x / s: its weight columns * s, and rows `rows` of the op before (whose outputs are
@@ -182,17 +299,10 @@ def fold_scale(prev: nn.Module, rows: slice, linear: nn.Linear, s: torch.Tensor)
         prev.bias.data[rows] /= s
 
 
-def no_clip_rows(cfg: ModelConfig, name: str) -> slice:
-    """The rows of fused linear `name` that keep their full range: q and k."""
-    if name == "self_attn.qkv_proj":
-        return slice(0, (cfg.num_heads + cfg.num_kv_heads) * cfg.head_dim)
-    return slice(0, 0)
-
-
 @torch.no_grad()
 def quantize_layer(layer: nn.Module, cfg: ModelConfig, stats: dict[str, InputStats] | None, group_size: int,
-                   clip: bool = True) -> tuple[dict[str, tuple], dict[str, float]]:
-    """Search and fold the scales of one decoder layer (in place), then round each of its linears.
+                   clip: bool = True, rounding: str = "gptq") -> tuple[dict[str, tuple], dict[str, float]]:
+    """Search and fold the scales of one decoder layer (in place), then round each of its linears (ROUNDINGS).
     stats None: plain round-to-nearest. Returns {linear: (q, zeros, scales)} and the alphas chosen."""
     attn, mlp = layer.self_attn, layer.mlp
     q, kv, inter = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim, cfg.intermediate_size
@@ -212,13 +322,13 @@ def quantize_layer(layer: nn.Module, cfg: ModelConfig, stats: dict[str, InputSta
     out = {}
     for name in LINEARS:
         w = layer.get_submodule(name).weight.data
-        ratio = torch.ones(w.shape[0], w.shape[1] // group_size, device=w.device)
-        if clip and stats is not None:
-            keep = no_clip_rows(cfg, name)
-            rows = torch.ones(w.shape[0], dtype=torch.bool, device=w.device)
-            rows[keep] = False
-            ratio[rows] = search_clip(w[rows], stats[name], group_size)
-        out[name] = quantize_groups(w, group_size, ratio)
+        if stats is None:
+            out[name] = quantize_groups(w, group_size)
+        elif rounding == "gptq":
+            out[name] = gptq_round(w, stats[name].gram, group_size, clip)
+        else:
+            ratio = search_clip(w, stats[name], group_size) if clip else 1.0
+            out[name] = refine_scales(w, stats[name], group_size, *quantize_groups(w, group_size, ratio))
     return out, alphas
 
 
@@ -228,15 +338,18 @@ def _record(stats: InputStats, module, args) -> None:
 
 # -- the model --------------------------------------------------------------------------------------------------
 @torch.no_grad()
-def awq_tensors(lm, samples: list[list[int]] | None, group_size: int, clip: bool = True,
-                progress: bool = True) -> tuple[dict[str, torch.Tensor], list[dict[str, float]]]:
+def awq_tensors(lm, samples: list[list[int]] | None, group_size: int, clip: bool = True, progress: bool = True,
+                rounding: str = "gptq") -> tuple[dict[str, torch.Tensor], list[dict[str, float]]]:
     """Quantize every linear of lm.model (a tachyon.eval.ppl.LoadedModel, dense; its scales are folded in place)
-    to AutoAWQ tensors in HF's names. samples: calibration sequences of token ids, or None for plain
-    round-to-nearest (no calibration, no search). Returns the tensors and each layer's alphas."""
+    to AutoAWQ tensors in HF's names. samples:
+    calibration sequences of token ids, or None for plain round-to-nearest (no calibration, no search).
+    Returns the tensors and each layer's alphas."""
     from tachyon.eval.ppl import kv_cache, positions_of, prefill_metadata
 
     model, cfg = lm.model, lm.model.cfg
     check_group_size(cfg, group_size)
+    if rounding not in ROUNDINGS:
+        raise ValueError(f"rounding {rounding!r}: one of {', '.join(ROUNDINGS)}")
     device, block_size = lm.config.device, lm.config.cache.block_size
     chunks: list[list[list[int]]] = []
     for s in samples or []:
@@ -259,6 +372,10 @@ def awq_tensors(lm, samples: list[list[int]] | None, group_size: int, clip: bool
 
         layers = tqdm(layers, desc="AWQ search" if samples else "AWQ round-to-nearest", unit="layer",
                       dynamic_ncols=True)
+    def run_layer(layer):
+        return [layer(pos, h, r, kv, meta, lm.backend, model.rotary)
+                for (h, r), (meta, pos, _, _) in zip(state, steps, strict=True)]
+
     for i, layer in enumerate(layers):
         stats = None
         if samples:
@@ -266,12 +383,19 @@ def awq_tensors(lm, samples: list[list[int]] | None, group_size: int, clip: bool
             hooks = [layer.get_submodule(n).register_forward_pre_hook(functools.partial(_record, stats[n]))
                      for n in LINEARS]
             try:
-                state = [layer(pos, h, r, kv, meta, lm.backend, model.rotary)
-                         for (h, r), (meta, pos, _, _) in zip(state, steps, strict=True)]
+                run_layer(layer)
             finally:
                 for h in hooks:
                     h.remove()
-        results, alphas = quantize_layer(layer, cfg, stats, group_size, clip)
+        results, alphas = quantize_layer(layer, cfg, stats, group_size, clip, rounding)
+        if samples:  # the next layer calibrates on what this one computes once rounded
+            dense = {}
+            for name, (q, z, s) in results.items():
+                linear = layer.get_submodule(name)
+                dense[name], linear.weight.data = linear.weight.data, dequantize_groups(q, z, s, group_size)
+            state = run_layer(layer)
+            for name, w in dense.items():
+                layer.get_submodule(name).weight.data = w
         for name, (q, z, s) in results.items():
             for part in parts(cfg, i, name):
                 rows = slice(part.start, part.start + part.size)

@@ -52,6 +52,19 @@ def ct_pack(values: torch.Tensor) -> torch.Tensor:
     return ((out + 2 ** 31) % 2 ** 32 - 2 ** 31).to(torch.int32)
 
 
+def llmcompressor_config(group: int, actorder: str | None) -> dict:
+    """config.json's quantization_config as llm-compressor 0.14 writes it for W4A16 asymmetric in groups
+    (GPTQModifier records actorder "static", QuantizationModifier None)."""
+    weights = {"actorder": actorder, "block_structure": None, "dynamic": False, "group_size": group, "num_bits": 4,
+               "observer": "memoryless_minmax", "observer_kwargs": {}, "scale_dtype": None, "strategy": "group",
+               "symmetric": False, "type": "int", "zp_dtype": "torch.int8"}
+    return {"config_groups": {"group_0": {"format": "pack-quantized", "input_activations": None,
+                                          "output_activations": None, "targets": ["Linear"], "weights": weights}},
+            "format": "pack-quantized", "global_compression_ratio": None, "ignore": ["lm_head"],
+            "kv_cache_scheme": None, "quant_method": "compressed-tensors", "quantization_status": "compressed",
+            "sparsity_config": {}, "transform_config": {}, "version": "0.19.0"}
+
+
 def _awq(group=32, fmt="awq", symmetric=False):
     return QuantConfig("awq", group, fmt, symmetric)
 
@@ -144,6 +157,11 @@ def test_checkpoint_quantization_configs():
                                         "weights": {"num_bits": 4, "type": "int", "symmetric": True,
                                                     "strategy": "group", "group_size": 128}}}}
     assert quant_config_from_hf({"quantization_config": ct}) == QuantConfig("awq", 128, "compressed-tensors", True)
+    for actorder in (None, "static", "weight"):  # weight ordering changes GPTQ's calibration, not the layout
+        got = quant_config_from_hf({"quantization_config": llmcompressor_config(64, actorder)})
+        assert got == QuantConfig("awq", 64, "compressed-tensors", False)
+    with pytest.raises(ValueError, match="activation ordering none or 'weight'"):  # weight_g_idx: not read
+        quant_config_from_hf({"quantization_config": llmcompressor_config(64, "group")})
     w8a8 = json.loads(json.dumps(ct))
     w8a8["config_groups"]["group_0"]["input_activations"] = {"num_bits": 8}
     with pytest.raises(ValueError, match="W4A16"):
@@ -168,16 +186,23 @@ def test_plan_counts_the_bytes_the_engine_holds(model, method):
 # -- the engine -------------------------------------------------------------------------------------------------
 def _fake_quantize_(hf, method: str, group: int) -> dict[str, torch.Tensor]:
     """Replace the transformers model's linear weights by their dequantized selves; return the checkpoint
-    tensors a quantized checkpoint of it holds (AutoAWQ layout for awq, Tachyon's for int8)."""
+    tensors a quantized checkpoint of it holds (AutoAWQ layout for awq, llm-compressor's pack-quantized for
+    compressed-tensors, Tachyon's for int8)."""
     tensors = {}
     for name, mod in hf.named_modules():
         if isinstance(mod, torch.nn.Linear) and "lm_head" not in name:
             w = mod.weight.data
-            if method == "awq":
+            if method in ("awq", "compressed-tensors"):
                 q, z, s = rtn_int4(w, group)
-                tensors[f"{name}.qweight"] = autoawq_pack(q)
-                tensors[f"{name}.qzeros"] = autoawq_pack(z)
-                tensors[f"{name}.scales"] = s.contiguous()
+                if method == "awq":
+                    tensors[f"{name}.qweight"] = autoawq_pack(q)
+                    tensors[f"{name}.qzeros"] = autoawq_pack(z)
+                    tensors[f"{name}.scales"] = s.contiguous()
+                else:  # [N, K/8] along K; [N, K/G]; zero points [N/8, K/G] along N; the dense shape
+                    tensors[f"{name}.weight_packed"] = ct_pack(q.T.contiguous())
+                    tensors[f"{name}.weight_scale"] = s.T.contiguous()
+                    tensors[f"{name}.weight_zero_point"] = ct_pack(z).T.contiguous()
+                    tensors[f"{name}.weight_shape"] = torch.tensor(list(w.shape))
                 mod.weight.data = ((q - z.repeat_interleave(group, 0)).float() * s.repeat_interleave(group, 0)).T
             else:
                 q, s = quantize_int8(w)
@@ -191,7 +216,14 @@ def _fake_quantize_(hf, method: str, group: int) -> dict[str, torch.Tensor]:
     return tensors
 
 
-@pytest.mark.parametrize("method", ["awq", "int8"])
+QUANT_CONFIGS = {
+    "awq": {"quant_method": "awq", "bits": 4, "group_size": 32, "zero_point": True, "version": "gemm"},
+    "int8": {"quant_method": "int8"},
+    "compressed-tensors": llmcompressor_config(32, "static"),
+}
+
+
+@pytest.mark.parametrize("method", ["awq", "int8", "compressed-tensors"])
 def test_quantized_checkpoint_greedy_matches_transformers(tmp_path, method):
     hf = make_tiny_checkpoint("llama", str(tmp_path / "dense"))
     tensors = _fake_quantize_(hf, method, group=32)
@@ -199,11 +231,10 @@ def test_quantized_checkpoint_greedy_matches_transformers(tmp_path, method):
     out.mkdir()
     save_file({k: v.contiguous() for k, v in tensors.items()}, str(out / "model.safetensors"))
     cfg = json.load(open(tmp_path / "dense" / "config.json"))
-    cfg["quantization_config"] = ({"quant_method": "awq", "bits": 4, "group_size": 32, "zero_point": True,
-                                   "version": "gemm"} if method == "awq" else {"quant_method": "int8"})
+    cfg["quantization_config"] = QUANT_CONFIGS[method]
     json.dump(cfg, open(out / "config.json", "w"))
     llm = LLM(model=str(out), num_kv_blocks=64, block_size=8, max_num_batched_tokens=32, swap_space=0)
-    kind = AWQLinear if method == "awq" else Int8Linear
+    kind = Int8Linear if method == "int8" else AWQLinear
     assert isinstance(llm.engine.runner.model.layers[1].mlp.down_proj, kind)
     prompts = [[11, 12, 13, 14], list(range(40, 75)), [300] * 9]
     got = llm.generate([{"prompt_token_ids": p} for p in prompts],

@@ -20,10 +20,13 @@ from tachyon.layers.linear import quantize_int8
 from tachyon.quantize.awq import (
     InputStats,
     awq_tensors,
+    dequantize_groups,
     fake_quantize,
+    gptq_round,
     output_error,
     pack_awq,
     quantize_groups,
+    refine_scales,
     search_clip,
     search_scale,
 )
@@ -162,10 +165,12 @@ def test_int8_round_trip(tiny, tmp_path):
     _generates(llm)
 
 
-def test_awq_round_trip(tiny, tmp_path):
+# GPTQ trades error on the weights for error on the outputs: its weights sit further from the dense ones
+@pytest.mark.parametrize("rounding,tolerance", [("nearest", 0.15), ("gptq", 0.3)])
+def test_awq_round_trip(tiny, tmp_path, rounding, tolerance):
     out = str(tmp_path / "awq")
     assert main(["quantize", "--model", tiny, "--method", "awq", "--group-size", "64", "--calib-samples", "4",
-                 "--calib-seq-len", "128", "--out", out, "--no-eval"]) == 0
+                 "--calib-seq-len", "128", "--rounding", rounding, "--out", out, "--no-eval"]) == 0
     cfg = json.load(open(os.path.join(out, "config.json")))
     assert cfg["quantization_config"] == {"quant_method": "awq", "bits": 4, "group_size": 64, "zero_point": True,
                                           "version": "gemm", "modules_to_not_convert": None}
@@ -177,14 +182,15 @@ def test_awq_round_trip(tiny, tmp_path):
             base = f"model.layers.{i}.{p}"
             w = autoawq_dequant(written[base + ".qweight"], written[base + ".qzeros"], written[base + ".scales"], 64)
             assert torch.equal(_loaded_dense(llm, base, 64), w), base
-        # the scales folded into the norm: norm weight x dequantized weight ~ the dense product
-        for norm, projs in (("input_layernorm", PROJ[:3]), ("post_attention_layernorm", PROJ[4:6])):
+        # the scales folded into the norm: norm weight x dequantized weight ~ the dense product (not up_proj:
+        # its rows carry down_proj's scales too)
+        for norm, projs in (("input_layernorm", PROJ[:3]), ("post_attention_layernorm", PROJ[4:5])):
             g, g0 = written[f"model.layers.{i}.{norm}.weight"], dense[f"model.layers.{i}.{norm}.weight"]
             for p in projs:
                 base = f"model.layers.{i}.{p}"
                 eff = _loaded_dense(llm, base, 64).T * g
                 ref = dense[base + ".weight"] * g0
-                assert (eff - ref).norm() / ref.norm() < 0.15, base
+                assert (eff - ref).norm() / ref.norm() < tolerance, base
     _generates(llm)
 
 
@@ -259,6 +265,58 @@ def test_awq_search_beats_round_to_nearest_with_outlier_channels():
     assert ratio.min() < 1
     clipped = mse(fake_quantize(w * s, G, ratio) / s)
     assert clipped <= awq * 1.0001
+
+
+def _correlated_case(seed: int = 0):
+    """Inputs whose channels are mixed (so H is far from diagonal), one outlier channel group."""
+    gen = torch.Generator().manual_seed(seed)
+    T, K, N = 2048, 256, 64
+    x = torch.randn(T, K, generator=gen) @ (torch.eye(K) + 0.3 * torch.randn(K, K, generator=gen) / K ** 0.5)
+    x[:, :8] *= 10
+    stats = InputStats(K, "cpu")
+    stats.add(x)
+    return x, torch.randn(N, K, generator=gen) * 0.02, stats
+
+
+def test_gptq_rounding_beats_nearest_on_the_output_error():
+    x, w, stats = _correlated_case()
+    G = 64
+    nearest = quantize_groups(w, G)
+    refit = refine_scales(w, stats, G, *quantize_groups(w, G, search_clip(w, stats, G)))
+    gptq = gptq_round(w, stats.gram, G)
+    err = {name: output_error(w, dequantize_groups(*r, G), stats.gram)
+           for name, r in (("nearest", nearest), ("refit", refit), ("gptq", gptq))}
+    assert err["refit"] < 0.8 * err["nearest"] and err["gptq"] < 0.9 * err["refit"], err
+    q, z, sc = gptq
+    assert q.dtype == z.dtype == torch.int32 and q.shape == w.shape and z.shape == sc.shape == (64, 4)
+    assert 0 <= int(q.min()) and int(q.max()) <= 15 and 0 <= int(z.min()) and int(z.max()) <= 15
+    assert torch.equal(sc, sc.half().float())  # stored as fp16
+
+
+def test_refit_never_raises_a_groups_error():
+    x, w, stats = _correlated_case(1)
+    G = 32
+    before, after = quantize_groups(w, G), refine_scales(w, stats, G, *quantize_groups(w, G))
+    blocks = stats.gram.reshape(8, G, 8, G).diagonal(dim1=0, dim2=2).permute(2, 0, 1)
+
+    def per_group(r):
+        d = (w - dequantize_groups(*r, G)).double().reshape(64, 8, G).transpose(0, 1)
+        return ((d @ blocks) * d).sum(-1)
+
+    assert (per_group(after) <= per_group(before) * (1 + 1e-9)).all()
+    assert torch.equal(after[1], before[1])  # zero points kept
+    assert (per_group(after) < per_group(before)).any()
+
+
+def test_gptq_keeps_weights_already_on_the_grid():
+    """Nothing to compensate when every weight is representable: GPTQ returns the exact levels."""
+    G = 32
+    levels = torch.randint(0, 16, (8, 64), generator=torch.Generator().manual_seed(2)).float()
+    levels[:, ::G], levels[:, 1::G] = 0, 15
+    w = (levels - 5) * 0.0625
+    _, _, stats = _correlated_case()
+    q, z, s = gptq_round(w, stats.gram[:64, :64], G)
+    assert torch.equal(q.float(), levels) and (z == 5).all() and (s == 0.0625).all()
 
 
 def test_rounding_is_asymmetric_and_exact_on_a_16_level_grid():
