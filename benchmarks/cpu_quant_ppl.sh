@@ -6,7 +6,7 @@ R=benchmarks/results/cpu_quant_ppl.jsonl
 D=${TMPDIR:-/tmp}/tachyon_quant_ppl
 : > $R
 echo "{\"case\": \"dense\", \"result\": $(tachyon eval ppl --json)}" >> $R
-for c in "int8 64" "awq 64" "awq 64 --no-search" "awq 64 --no-clip" "awq 32"; do
+for c in "int8 64" "awq 64" "awq 64 --rounding nearest" "awq 64 --no-search"; do
   set -- $c
   m=$1 g=$2; shift 2
   tachyon quantize --method $m --group-size $g "$@" --no-eval --out $D --overwrite > /dev/null 2>&1
