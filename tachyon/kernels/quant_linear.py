@@ -564,6 +564,10 @@ def _launch_awq_gemv(x, qweight, qzeros, scales, group_size: int, bias, y, cfg: 
 def awq_dequantize(qweight: torch.Tensor, qzeros: torch.Tensor, scales: torch.Tensor, group_size: int,
                    config: tuple = _DEQUANT[0]) -> torch.Tensor:
     """The INT4 weight as a dense [K, N] tensor in scales' dtype: (q - z) * s, on the GPU in one pass."""
+    k = qweight.shape[0] if qweight.dim() else 0  # the checks of awq_linear, for an x with no rows
+    check_awq_args(scales.new_empty(0, k), qweight, qzeros, scales, group_size, None, "awq_dequantize")
+    if not (qweight.is_contiguous() and qzeros.is_contiguous() and scales.is_contiguous()):
+        raise ValueError("awq_dequantize: qweight, qzeros and scales must be contiguous")
     _, block_k, block_n, warps = config[:4]
     k, n = qweight.shape[0], scales.shape[1]
     block_k = min(block_k, group_size)

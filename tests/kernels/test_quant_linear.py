@@ -207,6 +207,19 @@ def test_awq_dequant_then_dense_matmul(dtype, device, rel_err, m, bias):
         assert rel_err(out, ref) <= 2 * TOL[dtype], cfg  # the weight is rounded to x's dtype before the dot
 
 
+def test_awq_dequantize_refuses_what_awq_linear_refuses(device):
+    q, z, s = _random_awq(128, 64, 64, torch.float16, device)
+    qw, qz = pack_int4(q).to(device), pack_int4(z).to(device)
+    with pytest.raises(ValueError, match=r"awq_dequantize: qzeros must be \(2, 8\), got \(1, 8\)"):
+        awq_dequantize(qw, qz[:1], s, 64)
+    with pytest.raises(TypeError, match="awq_dequantize: qweight must be int32"):
+        awq_dequantize(qw.to(torch.int64), qz, s, 64)
+    with pytest.raises(ValueError, match="awq_dequantize: K = 128 is not a multiple of group_size 256"):
+        awq_dequantize(qw, qz, s, 256)
+    with pytest.raises(ValueError, match="awq_dequantize: qweight, qzeros and scales must be contiguous"):
+        awq_dequantize(qw, qz, s.T.contiguous().T, 64)
+
+
 def test_awq_gemv_no_fadd_unpack_in_half(device, rel_err):
     # UNPACK 2 takes the 2**23 offsets off after each tile's dot: within fp16's rounding of the exact walk
     torch.manual_seed(5)
