@@ -568,6 +568,11 @@ def awq_dequantize(qweight: torch.Tensor, qzeros: torch.Tensor, scales: torch.Te
     check_awq_args(scales.new_empty(0, k), qweight, qzeros, scales, group_size, None, "awq_dequantize")
     if not (qweight.is_contiguous() and qzeros.is_contiguous() and scales.is_contiguous()):
         raise ValueError("awq_dequantize: qweight, qzeros and scales must be contiguous")
+    return _dequantize(qweight, qzeros, scales, group_size, config)
+
+
+def _dequantize(qweight, qzeros, scales, group_size: int, config: tuple) -> torch.Tensor:
+    """awq_dequantize's launch, for arguments already checked (awq_linear's "dequant" path)."""
     _, block_k, block_n, warps = config[:4]
     k, n = qweight.shape[0], scales.shape[1]
     block_k = min(block_k, group_size)
@@ -581,7 +586,7 @@ def awq_dequantize(qweight: torch.Tensor, qzeros: torch.Tensor, scales: torch.Te
 
 
 def _awq_via_dense(x, qweight, qzeros, scales, group_size: int, bias, y, cfg: tuple) -> torch.Tensor:
-    w = awq_dequantize(qweight, qzeros, scales, group_size, cfg)
+    w = _dequantize(qweight, qzeros, scales, group_size, cfg)
     if bias is None:
         return torch.matmul(x, w, out=y)
     return torch.addmm(bias, x, w, out=y)

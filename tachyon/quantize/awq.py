@@ -185,9 +185,14 @@ def search_scale(w: torch.Tensor, stats: InputStats, group_size: int, n_grid: in
 def search_clip(w: torch.Tensor, stats: InputStats, group_size: int, n_grid: int = N_GRID,
                 max_shrink: float = MAX_SHRINK) -> torch.Tensor:
     """Per group of w [N, K]: the range ratio [N, K/G] with the least error of the group's share of the output."""
+    return clip_ratios(w, group_blocks(stats, group_size), group_size, n_grid, max_shrink)
+
+
+def clip_ratios(w: torch.Tensor, blocks: torch.Tensor, group_size: int, n_grid: int = N_GRID,
+                max_shrink: float = MAX_SHRINK) -> torch.Tensor:
+    """search_clip from the groups' G x G Gram blocks [K/G, G, G]."""
     N, K = w.shape
     ng = K // group_size
-    blocks = group_blocks(stats, group_size)
     wg = w.double().reshape(N, ng, group_size).transpose(0, 1)  # [ng, N, G]
     best_err = torch.full((N, ng), math.inf, dtype=torch.float64, device=w.device)
     best = torch.ones(N, ng, device=w.device)
@@ -267,15 +272,8 @@ def gptq_round(w: torch.Tensor, gram: torch.Tensor, group_size: int, clip: bool 
                 wg = W1[:, i:i + group_size]
                 ratio = 1.0
                 if clip:
-                    hb = gram[col:col + group_size, col:col + group_size].double()
-                    best = torch.full((N,), math.inf, dtype=torch.float64, device=w.device)
-                    ratio = torch.ones(N, 1, device=w.device)
-                    for j in range(round(max_shrink * n_grid)):
-                        r = 1 - j / n_grid
-                        d = wg - fake_quantize(wg, group_size, r).double()
-                        err = ((d @ hb) * d).sum(-1)
-                        better = err < best
-                        best[better], ratio[better] = err[better], r
+                    hb = gram[col:col + group_size, col:col + group_size].double()[None]
+                    ratio = clip_ratios(wg, hb, group_size, n_grid, max_shrink)
                 _, z, sc = quantize_groups(wg, group_size, ratio)
                 zeros[:, g], scales[:, g] = z[:, 0], sc[:, 0]
                 zf, sf = z[:, 0].double(), sc[:, 0].double()
@@ -341,9 +339,8 @@ def _record(stats: InputStats, module, args) -> None:
 def awq_tensors(lm, samples: list[list[int]] | None, group_size: int, clip: bool = True, progress: bool = True,
                 rounding: str = "gptq") -> tuple[dict[str, torch.Tensor], list[dict[str, float]]]:
     """Quantize every linear of lm.model (a tachyon.eval.ppl.LoadedModel, dense; its scales are folded in place)
-    to AutoAWQ tensors in HF's names. samples:
-    calibration sequences of token ids, or None for plain round-to-nearest (no calibration, no search).
-    Returns the tensors and each layer's alphas."""
+    to AutoAWQ tensors in HF's names. samples: calibration sequences of token ids, or None for plain
+    round-to-nearest (no calibration, no search). Returns the tensors and each layer's alphas."""
     from tachyon.eval.ppl import kv_cache, positions_of, prefill_metadata
 
     model, cfg = lm.model, lm.model.cfg
