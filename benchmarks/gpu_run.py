@@ -306,8 +306,8 @@ def run_offline(llm, reqs) -> dict:
     sched = eng.scheduler
     orig = sched.schedule
 
-    def schedule(num_in_flight=0, prompts_in_flight=False):
-        out = orig(num_in_flight, prompts_in_flight)
+    def schedule(num_in_flight=0):
+        out = orig(num_in_flight)
         kind = "decode" if all(x.num_new_tokens == 1 for x in out.seqs) else "mixed"
         schedule.kind, schedule.tokens = kind, sum(x.num_new_tokens for x in out.seqs)
         return out
@@ -370,8 +370,8 @@ def run_poisson(llm, reqs, rate: float, seed: int = 0) -> dict:
     orig = sched.schedule
     trace = []
 
-    def schedule(num_in_flight=0, prompts_in_flight=False):
-        out = orig(num_in_flight, prompts_in_flight)
+    def schedule(num_in_flight=0):
+        out = orig(num_in_flight)
         schedule.last = (sum(x.num_new_tokens for x in out.seqs), sum(x.num_new_tokens == 1 for x in out.seqs))
         return out
 

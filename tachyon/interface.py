@@ -4,7 +4,7 @@ Both sides import this module and nothing of each other; `tachyon.build` wires t
 
     engine core                                   runner (tachyon.worker.model_runner)
     ───────────                                   ──────
-    sched = scheduler.schedule(steps in flight)
+    sched = scheduler.schedule(in_flight)
     handle = runner.submit(sched)     ──────────► copies swapped KV, builds the batch, queues the forward and
                                                   the sampling on the device; returns at once
     ... schedules and submits the next step ...
@@ -41,11 +41,6 @@ class SchedulerOutput:
     @property
     def num_tokens(self) -> int:
         return sum(s.num_new_tokens for s in self.seqs)
-
-    @property
-    def computes_prompts(self) -> bool:
-        """Whether the step computes more than one token of some sequence (a prompt, or its next chunk)."""
-        return any(s.num_new_tokens > 1 for s in self.seqs)
 
     @property
     def is_empty(self) -> bool:

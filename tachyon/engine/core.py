@@ -150,7 +150,7 @@ class EngineCore:
 
     def _step(self) -> list[EngineCoreOutput]:
         outputs: list[EngineCoreOutput] = []
-        sched = self.scheduler.schedule(len(self.in_flight), any(s.computes_prompts for s, _ in self.in_flight))
+        sched = self.scheduler.schedule(len(self.in_flight))
         if sched.seqs:
             outputs += self._submit(sched)
         # nothing new to queue (or the scheduler waits for the host): land one step per call, so each token

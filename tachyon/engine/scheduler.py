@@ -6,16 +6,8 @@ sequence up to `num_tokens - num_computed_tokens` new tokens out of one budget (
 running sequences first (decodes and unfinished prefill chunks), then waiting ones in arrival order.
 
 Steps are queued on the device ahead of the host (up to `num_scheduler_steps` in flight): a decode's input
-may be a token the previous step is still sampling. Waiting sequences are not admitted while a step in flight
-computes prompt tokens: a burst of arrivals (16 clients whose requests end together) then coalesces into one
-prefill when that step lands, instead of a chain of small prefills queued behind each other, each one's
-first tokens waiting for all before it; decodes keep running ahead meanwhile.
-
-    arrivals   0   1..12 13..15              admitted eagerly:  [0] [1..12] [13..15]   (15 waits for 3 steps)
-               |   |||||  |||                coalesced:         [0] [1..15]            (15 waits for 2)
-
-Two things need the host to have every token first, so the scheduler answers `sync` and the engine lets the
-steps in flight land:
+may be a token the previous step is still sampling. Two things need the host to have every token first, so
+the scheduler answers `sync` and the engine lets the steps in flight land:
 
     a running sequence needs a block and none is free   ─► preempt the newest running sequence (its blocks
                                                             are freed and it recomputes later, or its KV is
@@ -58,9 +50,8 @@ class Scheduler:
         return len(self.waiting) + len(self.running)
 
     # -- one step ---------------------------------------------------------------------------------------
-    def schedule(self, num_in_flight: int = 0, prompts_in_flight: bool = False) -> SchedulerOutput:
-        """The next step. With steps in flight, it never preempts: it answers `sync` instead. While one of them
-        computes prompt tokens (`prompts_in_flight`), no waiting sequence is admitted."""
+    def schedule(self, num_in_flight: int = 0) -> SchedulerOutput:
+        """The next step. With steps in flight, it never preempts: it answers `sync` instead."""
         out = SchedulerOutput()
         budget = self.config.max_num_batched_tokens
         history = False
@@ -89,7 +80,7 @@ class Scheduler:
                 i += 1
                 continue
             break
-        if not (out.preempted or prompts_in_flight):
+        if not out.preempted:
             history |= self._admit(out, budget)
         for s in out.seqs:  # the step is decided: its tokens count as computed, its samples as pending
             s.seq.num_computed_tokens += s.num_new_tokens

@@ -109,11 +109,11 @@ def test_a_fault_no_request_explains_fails_the_live_ones_and_the_engine_goes_on(
     real = engine.scheduler.schedule
     calls = {"n": 0}
 
-    def schedule(num_in_flight=0, prompts_in_flight=False):
+    def schedule(num_in_flight=0):
         calls["n"] += 1
         if calls["n"] == 3:
             raise AssertionError("injected scheduler fault")
-        return real(num_in_flight, prompts_in_flight)
+        return real(num_in_flight)
 
     engine.scheduler.schedule = schedule
     try:

@@ -93,8 +93,8 @@ def test_simultaneous_arrivals_compute_a_shared_prefix_once(llm):
     computed = []
     real = sched.schedule
 
-    def spy(num_in_flight=0, prompts_in_flight=False):
-        out = real(num_in_flight, prompts_in_flight)
+    def spy(num_in_flight=0):
+        out = real(num_in_flight)
         computed.append(sum(s.num_new_tokens for s in out.seqs if s.num_new_tokens > 1))
         return out
 

@@ -134,22 +134,3 @@ def test_penalties_and_pending_tokens_ask_for_sync():
     assert s.schedule(num_in_flight=1).sync  # its next input is pending and its sampling reads it
     _land(s, out, {"a": 1})
     assert _split(s.schedule()) == [("a", 5, 1, True)]
-
-
-def test_arrivals_behind_a_step_computing_prompts_wait_for_it_and_coalesce():
-    s = _sched(budget=32, blocks=20, block_size=4)
-    a = _seq("a", 6)
-    s.add(a)
-    out1 = s.schedule()
-    assert _split(out1) == [("a", 0, 6, True)] and out1.computes_prompts
-    b, c = _seq("b", 5), _seq("c", 7)
-    s.add(b)
-    # b arrives while a's prompt step is in flight: only a's decode is queued behind it
-    out2 = s.schedule(num_in_flight=1, prompts_in_flight=True)
-    assert _split(out2) == [("a", 6, 1, True)] and not out2.computes_prompts and out2.max_in_flight == 2
-    s.add(c)
-    _land(s, out1, {"a": 1})
-    # out1 landed; out2 (a decode) is in flight: b and c are admitted together
-    out3 = s.schedule(num_in_flight=1, prompts_in_flight=out2.computes_prompts)
-    assert _split(out3) == [("a", 7, 1, True), ("b", 0, 5, True), ("c", 0, 7, True)]
-    assert [q.status for q in (b, c)] == [SequenceStatus.RUNNING] * 2 and not s.waiting

@@ -26,10 +26,9 @@ def _spy(llm: LLM) -> list:
     sched = llm.engine.scheduler
     real = sched.schedule
 
-    def spy(num_in_flight=0, prompts_in_flight=False):
-        out = real(num_in_flight, prompts_in_flight)
+    def spy(num_in_flight=0):
+        out = real(num_in_flight)
         out.num_placeholders = sum(s.start >= len(s.seq.token_ids) for s in out.seqs)
-        out.prompts_in_flight = prompts_in_flight
         outs.append((num_in_flight, out))
         return out
 
@@ -137,32 +136,6 @@ def test_an_arrival_joins_without_draining_the_steps_in_flight(tiny):
     while eng.has_unfinished_requests():
         outs.update({o.request_id: o.outputs[0].token_ids for o in eng.step() if o.finished})
     assert outs["a"] == hf_greedy(hf, [5, 6, 7], 20) and outs["b"] == hf_greedy(hf, [8, 9, 10, 11], 3)
-    assert eng.kv.num_free_blocks == eng.kv.num_blocks
-
-
-def test_arrivals_wait_for_a_prompt_step_in_flight_and_coalesce(tiny):
-    """Requests that arrive while a step computing a prompt is in flight are not queued behind it one by one:
-    decodes run ahead meanwhile, and once it lands the arrivals start together, in one step."""
-    path, hf = tiny
-    llm = _tiny_llm(path, 3)
-    spied = _spy(llm)
-    eng = llm.engine
-    prompts = {"a": _prompts(1, seed=9)[0], "b": [8, 9, 10, 11], "c": [12, 13, 14]}
-    eng.add_request("a", None, prompts["a"], SamplingParams(temperature=0, max_tokens=12, ignore_eos=True))
-    eng.step()
-    eng.add_request("b", None, prompts["b"], SamplingParams(temperature=0, max_tokens=5, ignore_eos=True))
-    eng.step()
-    eng.add_request("c", None, prompts["c"], SamplingParams(temperature=0, max_tokens=5, ignore_eos=True))
-    outs = {}
-    while eng.has_unfinished_requests():
-        outs.update({o.request_id: o.outputs[0].token_ids for o in eng.step() if o.finished})
-    steps = [[(s.seq.seq_id, s.num_new_tokens) for s in out.seqs] for _, out in spied]
-    assert steps[0] == [("a", len(prompts["a"]))] and steps[1] == [("a", 1)], "b waits while a's prompt computes"
-    admitted = next(i for i, st in enumerate(steps) if ("b", 4) in st)
-    assert steps[admitted] == [("a", 1), ("b", 4), ("c", 3)] and not spied[admitted][1].prompts_in_flight
-    assert all(st == [("a", 1)] for st in steps[1:admitted])
-    for rid, p in prompts.items():
-        assert outs[rid] == hf_greedy(hf, p, 12 if rid == "a" else 5)
     assert eng.kv.num_free_blocks == eng.kv.num_blocks
 
 
