@@ -95,4 +95,4 @@ def num_kv_blocks(config: EngineConfig, runner: ModelRunner) -> int:
         return config.cache.num_kv_blocks
     if config.device.type == "cuda":
         return runner.profile_num_blocks()
-    return num_kv_blocks_for_budget(config.model, config.dtype, config.cache.block_size, config.cache.kv_cache_bytes)
+    return num_kv_blocks_for_budget(config.model, config.cache.dtype, config.cache.block_size, config.cache.kv_cache_bytes)

@@ -31,6 +31,24 @@ def parse_dtype(dtype: str | torch.dtype) -> torch.dtype:
     return _DTYPES[dtype]
 
 
+# --kv-cache-dtype: "auto" keeps the KV cache in the model's dtype; fp8 stores E4M3 with a scale per layer for K
+# and one for V (tachyon.layers.attention says how they are found and applied)
+KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3")
+FP8_KV_DTYPE = torch.float8_e4m3fn
+
+
+def parse_kv_cache_dtype(kv_cache_dtype: str | torch.dtype, dtype: torch.dtype) -> torch.dtype:
+    """The KV cache's element type: the model's dtype for "auto", E4M3 for "fp8"/"fp8_e4m3"."""
+    if isinstance(kv_cache_dtype, torch.dtype):
+        return kv_cache_dtype
+    if kv_cache_dtype == "auto":
+        return dtype
+    if kv_cache_dtype.lower() in ("fp8", "fp8_e4m3", "float8_e4m3fn"):
+        return FP8_KV_DTYPE
+    raise ValueError(f"--kv-cache-dtype {kv_cache_dtype!r} is not supported; use one of {', '.join(KV_CACHE_DTYPES)} "
+                     f"(fp8_e5m2 is not implemented)")
+
+
 QUANTIZATION_METHODS = ("awq", "int8")
 
 
@@ -224,6 +242,7 @@ class CacheConfig:
     num_kv_blocks: int | None  # exact pool size, overrides both
     enable_prefix_caching: bool
     swap_space_gib: float
+    dtype: torch.dtype  # of the KV cache: the model's, or float8_e4m3fn (--kv-cache-dtype fp8)
 
 
 @dataclass(slots=True)

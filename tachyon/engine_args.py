@@ -17,12 +17,14 @@ from typing import Any
 import torch
 
 from tachyon.config import (
+    KV_CACHE_DTYPES,
     QUANTIZATION_METHODS,
     CacheConfig,
     EngineConfig,
     ModelConfig,
     SchedulerConfig,
     parse_dtype,
+    parse_kv_cache_dtype,
     resolve_quantization,
 )
 
@@ -49,6 +51,9 @@ class EngineArgs:
                                                      f"{DEFAULT_MAX_NUM_BATCHED_TOKENS['cuda']} on a GPU, "
                                                      f"{DEFAULT_MAX_NUM_BATCHED_TOKENS['cpu']} on the CPU)")
     block_size: int = _knob(16, "tokens per KV block")
+    kv_cache_dtype: str = _knob("auto", "auto: the KV cache in the model's dtype | fp8 (= fp8_e4m3): E4M3 with a "
+                                        "scale per layer for K and for V, half the bytes of bf16, twice the tokens",
+                                choices=list(KV_CACHE_DTYPES))
     kv_cache_memory_gib: float = _knob(1.0, "CPU: size of the KV pool in GiB")
     gpu_memory_utilization: float = _knob(0.9, "GPU: the fraction of its memory the engine may use "
                                                "(weights, activations, KV pool)")
@@ -134,7 +139,8 @@ class EngineArgs:
             model=model,
             cache=CacheConfig(block_size=self.block_size, kv_cache_bytes=int(self.kv_cache_memory_gib * (1 << 30)),
                               gpu_memory_utilization=self.gpu_memory_utilization, num_kv_blocks=self.num_kv_blocks,
-                              enable_prefix_caching=self.enable_prefix_caching, swap_space_gib=self.swap_space),
+                              enable_prefix_caching=self.enable_prefix_caching, swap_space_gib=self.swap_space,
+                              dtype=parse_kv_cache_dtype(self.kv_cache_dtype, dtype)),
             scheduler=SchedulerConfig(max_num_batched_tokens=max(tokens, 1), max_num_seqs=self.max_num_seqs,
                                       max_model_len=max_len,
                                       num_scheduler_steps=max(1, self.num_scheduler_steps or (3 if graphs else 1))),

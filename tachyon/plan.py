@@ -34,7 +34,14 @@ from typing import Any
 
 import torch
 
-from tachyon.config import ModelConfig, kv_cache_bytes_per_token, num_kv_blocks_for_budget, parse_dtype
+from tachyon.config import (
+    KV_CACHE_DTYPES,
+    ModelConfig,
+    kv_cache_bytes_per_token,
+    num_kv_blocks_for_budget,
+    parse_dtype,
+    parse_kv_cache_dtype,
+)
 from tachyon.engine_args import DEFAULT_MAX_NUM_BATCHED_TOKENS, EngineArgs
 
 GiB = 1 << 30
@@ -58,8 +65,8 @@ def add_plan_args(p: argparse.ArgumentParser) -> None:
                    help="HF checkpoint directory, config.json, or .gguf (default: the embedded SmolLM2-135M-Instruct)")
     p.add_argument("--dtype", default="bf16", help="weight/activation dtype: bf16 | fp16 | fp32 (auto = bf16)")
     p.add_argument("--kv-cache-dtype", default="auto",
-                   help="auto (= --dtype) | bf16 | fp16 | fp32 | fp8 (fp8 halves KV bytes; what-if: the engine "
-                        "currently keeps KV in the model dtype)")
+                   help="auto (= --dtype) | fp8 (E4M3, as the engine's --kv-cache-dtype fp8: half the KV bytes of bf16) | "
+                        "bf16 | fp16 | fp32 | fp8_e5m2 (what-ifs the engine does not run)")
     p.add_argument("--quantization", default="none", choices=QUANTIZATIONS,
                    help="weight quantization: awq = 4-bit, group 128, a 4-bit zero and a 16-bit scale per group (~4.16 "
                         "bits/linear weight); int8 = 8-bit + a scale per output channel (both as the engine holds "
@@ -97,10 +104,9 @@ def load_model_config(model: str | None) -> ModelConfig:
 
 
 def parse_kv_dtype(kv_dtype: str | torch.dtype, dtype: torch.dtype) -> torch.dtype:
-    if isinstance(kv_dtype, torch.dtype):
-        return kv_dtype
-    if kv_dtype == "auto":
-        return dtype
+    """What the engine would hold (auto, fp8), or a what-if dtype (bf16, fp8_e5m2, ...)."""
+    if isinstance(kv_dtype, torch.dtype) or kv_dtype.lower() in KV_CACHE_DTYPES + ("float8_e4m3fn",):
+        return parse_kv_cache_dtype(kv_dtype, dtype)
     if kv_dtype.lower() in _FP8:
         return _FP8[kv_dtype.lower()]
     return parse_dtype(kv_dtype)

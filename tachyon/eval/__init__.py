@@ -9,7 +9,7 @@ import sys
 from tachyon.engine_args import EngineArgs
 from tachyon.eval.ppl import DEFAULT_MAX_TOKENS, DEFAULT_SEQ_LEN, HELDOUT_DESCRIPTION
 
-MODEL_KNOBS = ("model", "tokenizer", "dtype", "device", "quantization")
+MODEL_KNOBS = ("model", "tokenizer", "dtype", "device", "quantization", "kv_cache_dtype")
 
 
 def add_eval_args(p: argparse.ArgumentParser) -> None:
@@ -39,7 +39,7 @@ def run_eval(args: argparse.Namespace) -> int:
     r = heldout_perplexity(EngineArgs.from_cli_args(args), args.max_tokens, args.seq_len, progress=not args.json)
     if args.json:
         json.dump({"model": args.model or "embedded SmolLM2-135M-Instruct", "quantization": args.quantization,
-                   "dtype": args.dtype, "text": HELDOUT_DESCRIPTION, **r.to_dict()}, sys.stdout)
+                   "dtype": args.dtype, "kv_cache_dtype": args.kv_cache_dtype, "text": HELDOUT_DESCRIPTION, **r.to_dict()}, sys.stdout)
         sys.stdout.write("\n")
     else:
         print(f"perplexity {r.ppl:.4f} over {r.num_tokens} tokens ({r.num_windows} windows of <= {r.seq_len}; "

@@ -142,7 +142,7 @@ def perplexity(lm: LoadedModel, token_ids: list[int], seq_len: int = DEFAULT_SEQ
         raise ValueError(f"{len(token_ids)} tokens: perplexity needs at least 2")
     device, block_size = cfg.device, cfg.cache.block_size
     _, num_blocks = prefill_metadata([seq_len], block_size, "cpu")
-    kv = [kv_cache(cfg.model, num_blocks, block_size, cfg.dtype, device) for _ in range(cfg.model.num_layers)]
+    kv = [kv_cache(cfg.model, num_blocks, block_size, cfg.cache.dtype, device) for _ in range(cfg.model.num_layers)]
     total, count = 0.0, 0
     it = windows
     if progress:

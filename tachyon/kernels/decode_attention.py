@@ -35,7 +35,8 @@ def _decode_split_kernel(
     stride_bt,
     stride_mo_b, stride_mo_h, stride_mo_s,
     stride_ml_b, stride_ml_h,
-    qk_scale,  # softmax scale * log2(e): scores live in base 2
+    qk_scale,  # softmax scale * k_scale * log2(e): scores live in base 2
+    v_scale,  # an fp8 cache's V scale (1.0 for 16-bit caches): the output is sum(p * v) * v_scale
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, PAGE: tl.constexpr, NUM_SPLITS: tl.constexpr,
     BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, PRECISION: tl.constexpr,
     out_ptr, stride_ot, stride_oh,
@@ -89,10 +90,11 @@ def _decode_split_kernel(
     # every chunk holds at least one token, so l > 0 for every row
     if DIRECT:
         tl.store(out_ptr + b * stride_ot + head[:, None] * stride_oh + d[None, :],
-                 (acc / l_sum[:, None]).to(out_ptr.dtype.element_ty), mask=g_mask[:, None] & d_mask[None, :])
+                 (acc * (v_scale / l_sum)[:, None]).to(out_ptr.dtype.element_ty),
+                 mask=g_mask[:, None] & d_mask[None, :])
         return
     o_ptrs = mid_o_ptr + b * stride_mo_b + head[:, None] * stride_mo_h + split * stride_mo_s + d[None, :]
-    tl.store(o_ptrs, acc / l_sum[:, None], mask=g_mask[:, None] & d_mask[None, :])
+    tl.store(o_ptrs, acc * (v_scale / l_sum)[:, None], mask=g_mask[:, None] & d_mask[None, :])
     tl.store(mid_lse_ptr + b * stride_ml_b + head * stride_ml_h + split, m + tl.log2(l_sum), mask=g_mask)
 
 
@@ -161,7 +163,7 @@ def _split_config(dtype: torch.dtype) -> tuple[int, int, int]:
 
 def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
                      seq_lens: torch.Tensor, scale: float, max_seq_len: int, out: torch.Tensor | None = None,
-                     num_splits: int | None = None) -> torch.Tensor:
+                     num_splits: int | None = None, k_scale: float = 1.0, v_scale: float = 1.0) -> torch.Tensor:
     """Attention of one query token per sequence over its paged context.
 
     q: [B, Hq, D] (token b belongs to sequence b); caches: [num_blocks, block_size, Hkv, D];
@@ -169,6 +171,7 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     entry, e.g. of a CUDA-graph batch: its output is 0).
     max_seq_len: a host-side upper bound on seq_lens (under CUDA graphs, the capture-time bound); it only
     chooses the number of splits. Writes into `out` ([B, Hq, D], may be a view) when given.
+    k_scale, v_scale: what an fp8 cache's entries are multiplied by to give K and V (1.0 for 16-bit caches).
     """
     B, Hq, D = q.shape
     Hkv, page = k_cache.shape[2], k_cache.shape[1]
@@ -192,7 +195,7 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
         block_tables.stride(0),
         mid_o.stride(0), mid_o.stride(1), mid_o.stride(2),
         mid_lse.stride(0), mid_lse.stride(1),
-        scale * _LOG2E,
+        scale * k_scale * _LOG2E, v_scale,
         GROUP=group, HEAD_DIM=D, PAGE=page, NUM_SPLITS=num_splits,
         BLOCK_G=max(16, triton.next_power_of_2(group)), BLOCK_N=block_n, BLOCK_D=block_d,
         PRECISION="ieee" if q.dtype == torch.float32 else "tf32",

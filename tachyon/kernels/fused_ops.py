@@ -11,6 +11,7 @@ import triton
 import triton.language as tl
 
 from tachyon.kernels import pdl
+from tachyon.kernels.kv_write import to_cache
 
 _TORCH_TO_TL = {torch.float32: tl.float32, torch.float16: tl.float16, torch.bfloat16: tl.bfloat16}
 
@@ -187,8 +188,8 @@ def _rotary_write_kv_kernel(
     pos_ptr, q_ptr, k_ptr, v_ptr, cs_ptr, kc_ptr, vc_ptr, slot_ptr,
     stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_cs,
     stride_cb, stride_cslot, stride_ch,  # k_cache and v_cache share a layout; head dim contiguous
-    num_q_heads, num_k_heads,
-    HALF: tl.constexpr, PAGE: tl.constexpr, BLOCK_HQ: tl.constexpr, BLOCK_HK: tl.constexpr,
+    num_q_heads, num_k_heads, k_inv_scale, v_inv_scale,
+    HALF: tl.constexpr, PAGE: tl.constexpr, BLOCK_HQ: tl.constexpr, BLOCK_HK: tl.constexpr, FP8: tl.constexpr,
     PDL: tl.constexpr = False,
 ):
     pdl.enter(PDL)
@@ -203,20 +204,22 @@ def _rotary_write_kv_kernel(
     slot = tl.load(slot_ptr + t).to(tl.int64)
     if slot >= 0:
         dst = (slot // PAGE) * stride_cb + (slot % PAGE) * stride_cslot + h * stride_ch + i
-        tl.store(kc_ptr + dst, k1.to(kc_ptr.dtype.element_ty), mask=mask)
-        tl.store(kc_ptr + dst + HALF, k2.to(kc_ptr.dtype.element_ty), mask=mask)
+        kt = kc_ptr.dtype.element_ty
+        tl.store(kc_ptr + dst, to_cache(k1, k_inv_scale, FP8, kt), mask=mask)
+        tl.store(kc_ptr + dst + HALF, to_cache(k2, k_inv_scale, FP8, kt), mask=mask)
         pv = v_ptr + t * stride_vt + h * stride_vh + i
         v1 = tl.load(pv, mask=mask)
         v2 = tl.load(pv + HALF, mask=mask)
-        tl.store(vc_ptr + dst, v1.to(vc_ptr.dtype.element_ty), mask=mask)
-        tl.store(vc_ptr + dst + HALF, v2.to(vc_ptr.dtype.element_ty), mask=mask)
+        tl.store(vc_ptr + dst, to_cache(v1, v_inv_scale, FP8, kt), mask=mask)
+        tl.store(vc_ptr + dst + HALF, to_cache(v2, v_inv_scale, FP8, kt), mask=mask)
 
 
 def rotary_write_kv(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                     cos_sin_cache: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                    slot_mapping: torch.Tensor) -> None:
+                    slot_mapping: torch.Tensor, k_scale: float = 1.0, v_scale: float = 1.0) -> None:
     """`rotary` then `write_kv` in one launch: rotates q and k in place and writes the rotated k and v of
-    token t into cache slot slot_mapping[t] (skipped where it is negative). Same rounding as the two apart."""
+    token t into cache slot slot_mapping[t] (skipped where it is negative). Same rounding as the two apart
+    (an fp8 cache: scaled by k_scale / v_scale and saturated, as write_kv does)."""
     T, Hq, D, Hk = _rotary_shapes(q, k, cos_sin_cache)
     assert v.stride(-1) == 1 and k_cache.stride() == v_cache.stride() and k_cache.stride(-1) == 1
     if T == 0:
@@ -225,7 +228,8 @@ def rotary_write_kv(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v
         positions, q, k, v, cos_sin_cache, k_cache, v_cache, slot_mapping,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), cos_sin_cache.stride(0),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-        Hq, Hk,
+        Hq, Hk, 1.0 / k_scale, 1.0 / v_scale,
         HALF=D // 2, PAGE=k_cache.shape[1], BLOCK_HQ=triton.next_power_of_2(Hq), BLOCK_HK=triton.next_power_of_2(Hk),
+        FP8=k_cache.element_size() == 1,
         num_warps=4, **pdl.launch_args(),
     )

@@ -60,7 +60,7 @@ def _prefill_kernel(
     seq_start, num_q_blocks,
     stride_qt, stride_qh, stride_ot, stride_oh,
     stride_cb, stride_cs, stride_ch,  # k_cache and v_cache share a layout; head dim is contiguous
-    stride_bt, qk_scale,
+    stride_bt, qk_scale, v_scale,  # qk_scale: softmax scale * k_scale * log2(e); v_scale: an fp8 cache's (or 1.0)
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, PAGE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, PRECISION: tl.constexpr,
     PDL: tl.constexpr = False,
@@ -105,7 +105,7 @@ def _prefill_kernel(
         acc, m, l_sum = _attend_tile(q, acc, m, l_sum, kc_ptr, vc_ptr, bt_row, kv_head, n0, pos, kv_end,
                                  stride_cb, stride_cs, stride_ch, qk_scale,
                                  PAGE, HEAD_DIM, BLOCK_N, BLOCK_D, True, PRECISION)
-    out = acc / l_sum[:, None]
+    out = acc * (v_scale / l_sum)[:, None]
     tl.store(out_ptr + tok64[:, None] * stride_ot + head[:, None] * stride_oh + d[None, :],
              out.to(out_ptr.dtype.element_ty), mask=io_mask)
 
@@ -122,12 +122,13 @@ def _tile_config(dtype: torch.dtype, head_dim: int) -> tuple[int, int, int, int]
 def prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
                       query_start_loc: torch.Tensor, seq_lens: torch.Tensor, scale: float, max_query_len: int,
                       seq_start: int = 0, num_seqs: int | None = None,
-                      out: torch.Tensor | None = None) -> torch.Tensor:
+                      out: torch.Tensor | None = None, k_scale: float = 1.0, v_scale: float = 1.0) -> torch.Tensor:
     """Causal attention for sequences seq_start .. seq_start + num_seqs - 1 of a packed batch.
 
     q: [T, Hq, D] (may be a strided view); caches: [num_blocks, block_size, Hkv, D] (new K/V already written);
     query_start_loc: [S + 1]; seq_lens: [S]; block_tables: [S, max_blocks]. max_query_len: a host-side bound on
     the query lengths of those sequences (sizes the grid). Rows of other sequences in `out` are left untouched.
+    k_scale, v_scale: what an fp8 cache's entries are multiplied by to give K and V (1.0 for 16-bit caches).
     """
     T, Hq, D = q.shape
     Hkv, page = k_cache.shape[2], k_cache.shape[1]
@@ -148,7 +149,7 @@ def prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Ten
         seq_start, num_q_blocks,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-        block_tables.stride(0), scale * _LOG2E,
+        block_tables.stride(0), scale * k_scale * _LOG2E, v_scale,
         GROUP=group, HEAD_DIM=D, PAGE=page,
         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=triton.next_power_of_2(D),
         PRECISION="ieee" if q.dtype == torch.float32 else "tf32",

@@ -11,6 +11,12 @@ every earlier position of the same sequence. Its KV lives in blocks block_tables
 at slot block_tables[i, p // block_size] * block_size + p % block_size of each layer's cache
 `[num_blocks, block_size, num_kv_heads, head_dim]`. slot_mapping[t] says where token t's new K/V go
 (-1 = padding, not written).
+
+An fp8 cache (--kv-cache-dtype fp8) holds E4M3 values with one scale per layer for K and one for V: it stores
+K / k_scale saturated at 448, and attention reads K = entry * k_scale. The kernels fold k_scale into the softmax
+scale and v_scale into the output (softmax(q.k * scale * k_scale) . v_entries * v_scale), so no element is
+rescaled on the read side. The scales are the attention layers' `k_scale` / `v_scale`, set once before serving
+(tachyon.worker.model_runner.calibrate_kv_scales).
 """
 
 from __future__ import annotations
@@ -37,13 +43,21 @@ class AttentionMetadata:
     ref_cache: dict = field(default_factory=dict, repr=False)
 
 
+FP8_MAX = 448.0  # the largest finite float8_e4m3fn
+
+
 def write_kv_ref(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                 slot_mapping: torch.Tensor) -> None:
-    """Scatter new K/V ([T, Hkv, D]) into the paged caches at slot_mapping (negative slots are skipped)."""
+                 slot_mapping: torch.Tensor, k_scale: float = 1.0, v_scale: float = 1.0) -> None:
+    """Scatter new K/V ([T, Hkv, D]) into the paged caches at slot_mapping (negative slots are skipped); an fp8
+    cache gets K / k_scale and V / v_scale, saturated."""
     nb, bs, h, d = k_cache.shape
     valid = slot_mapping >= 0
     if not bool(valid.all()):
         k, v, slot_mapping = k[valid], v[valid], slot_mapping[valid]
+    if k_cache.element_size() == 1:  # fp8, written through byte views (the CPU has no fp8 index_copy_)
+        k = (k.float() / k_scale).clamp(-FP8_MAX, FP8_MAX).to(k_cache.dtype).view(torch.uint8)
+        v = (v.float() / v_scale).clamp(-FP8_MAX, FP8_MAX).to(v_cache.dtype).view(torch.uint8)
+        k_cache, v_cache = k_cache.view(torch.uint8), v_cache.view(torch.uint8)
     k_cache.view(nb * bs, h, d).index_copy_(0, slot_mapping, k.to(k_cache.dtype))
     v_cache.view(nb * bs, h, d).index_copy_(0, slot_mapping, v.to(v_cache.dtype))
 
@@ -88,8 +102,11 @@ def _ref_indices(meta: AttentionMetadata, block_size: int, device) -> dict:
 
 
 def paged_attention_ref(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                        meta: AttentionMetadata, scale: float) -> torch.Tensor:
-    """Reference attention: gathers each sequence's context from the pages and runs SDPA."""
+                        meta: AttentionMetadata, scale: float, k_scale: float = 1.0,
+                        v_scale: float = 1.0) -> torch.Tensor:
+    """Reference attention: gathers each sequence's context from the pages and runs SDPA (an fp8 cache's
+    scales folded in: the softmax scale times k_scale, the output times v_scale)."""
+    scale = scale * k_scale
     T, Hq, D = q.shape
     nb, bs, Hkv, _ = k_cache.shape
     gqa = Hq != Hkv
@@ -121,7 +138,7 @@ def paged_attention_ref(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.T
             o = F.scaled_dot_product_attention(qi, ki, vi, attn_mask=mask, scale=scale, enable_gqa=gqa)
         out[start:start + ql] = o.transpose(0, 1)
         start += ql
-    return out
+    return out if v_scale == 1.0 else out * v_scale
 
 
 class TorchAttentionBackend:
@@ -129,9 +146,10 @@ class TorchAttentionBackend:
 
     name = "torch"
 
-    def forward(self, q, k, v, k_cache, v_cache, meta: AttentionMetadata, scale: float) -> torch.Tensor:
-        write_kv_ref(k, v, k_cache, v_cache, meta.slot_mapping)
-        return paged_attention_ref(q, k_cache, v_cache, meta, scale)
+    def forward(self, q, k, v, k_cache, v_cache, meta: AttentionMetadata, scale: float, k_scale: float = 1.0,
+                v_scale: float = 1.0) -> torch.Tensor:
+        write_kv_ref(k, v, k_cache, v_cache, meta.slot_mapping, k_scale, v_scale)
+        return paged_attention_ref(q, k_cache, v_cache, meta, scale, k_scale, v_scale)
 
 
 def get_attention_backend(name: str):

@@ -31,28 +31,30 @@ class TritonAttentionBackend:
 
     name = "triton"
 
-    def forward(self, q, k, v, k_cache, v_cache, meta: AttentionMetadata, scale: float) -> torch.Tensor:
-        write_kv(k, v, k_cache, v_cache, meta.slot_mapping)
-        return self.attend(q, k_cache, v_cache, meta, scale)
+    def forward(self, q, k, v, k_cache, v_cache, meta: AttentionMetadata, scale: float, k_scale: float = 1.0,
+                v_scale: float = 1.0) -> torch.Tensor:
+        write_kv(k, v, k_cache, v_cache, meta.slot_mapping, k_scale, v_scale)
+        return self.attend(q, k_cache, v_cache, meta, scale, k_scale=k_scale, v_scale=v_scale)
 
     def forward_rotary(self, positions, cos_sin_cache, q, k, v, k_cache, v_cache, meta: AttentionMetadata,
-                       scale: float) -> torch.Tensor:
+                       scale: float, k_scale: float = 1.0, v_scale: float = 1.0) -> torch.Tensor:
         """Rotary embedding and the KV write in one kernel, then attention (one launch fewer per layer)."""
-        rotary_write_kv(positions, q, k, v, cos_sin_cache, k_cache, v_cache, meta.slot_mapping)
-        return self.attend(q, k_cache, v_cache, meta, scale)
+        rotary_write_kv(positions, q, k, v, cos_sin_cache, k_cache, v_cache, meta.slot_mapping, k_scale, v_scale)
+        return self.attend(q, k_cache, v_cache, meta, scale, k_scale=k_scale, v_scale=v_scale)
 
     def attend(self, q, k_cache, v_cache, meta: AttentionMetadata, scale: float,
-                out: torch.Tensor | None = None) -> torch.Tensor:
+               out: torch.Tensor | None = None, k_scale: float = 1.0, v_scale: float = 1.0) -> torch.Tensor:
         if out is None:
             out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
         nd = meta.num_decodes
         num_seqs = meta.seq_lens.shape[0]
         if nd > 0:
             decode_attention(q[:nd], k_cache, v_cache, meta.block_tables[:nd], meta.seq_lens[:nd], scale,
-                             meta.max_seq_len, out=out[:nd])
+                             meta.max_seq_len, out=out[:nd], k_scale=k_scale, v_scale=v_scale)
         if num_seqs > nd:
             prefill_attention(q, k_cache, v_cache, meta.block_tables, meta.query_start_loc, meta.seq_lens, scale,
-                              meta.max_query_len, seq_start=nd, num_seqs=num_seqs - nd, out=out)
+                              meta.max_query_len, seq_start=nd, num_seqs=num_seqs - nd, out=out,
+                              k_scale=k_scale, v_scale=v_scale)
         return out
 
 

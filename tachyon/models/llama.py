@@ -27,6 +27,8 @@ class Attention(nn.Module):
         self.q_size = self.num_heads * self.head_dim
         self.kv_size = self.num_kv_heads * self.head_dim
         self.scale = self.head_dim ** -0.5
+        # an fp8 KV cache's scales (layers.attention says how they apply); the runner calibrates them
+        self.k_scale = self.v_scale = 1.0
         quant = cfg.quantization
         self.qkv_proj = make_linear(cfg.hidden_size, self.q_size + 2 * self.kv_size, cfg.qkv_bias, quant)
         self.o_proj = make_linear(self.q_size, cfg.hidden_size, False, quant)
@@ -48,10 +50,10 @@ class Attention(nn.Module):
             k = self.k_norm(k.contiguous())
         if rotary.fused is not None and hasattr(backend, "forward_rotary"):  # GPU: one kernel for both
             o = backend.forward_rotary(positions, rotary.cos_sin_cache, q, k, v, kv_cache[0], kv_cache[1], meta,
-                                       self.scale)
+                                       self.scale, self.k_scale, self.v_scale)
         else:
             q, k = rotary(positions, q, k)
-            o = backend.forward(q, k, v, kv_cache[0], kv_cache[1], meta, self.scale)
+            o = backend.forward(q, k, v, kv_cache[0], kv_cache[1], meta, self.scale, self.k_scale, self.v_scale)
         return self.o_proj(o.reshape(T, self.q_size))
 
 

@@ -77,6 +77,12 @@ class ModelRunner:
             model.load_weights(iter_weights(model_path))
         self.model = model.eval()
         self.load_time_s = time.perf_counter() - t0
+        self.kv_dtype = config.cache.dtype
+        self.kv_scales: list[tuple[float, float]] = []  # per layer (k_scale, v_scale) of an fp8 cache
+        if self.kv_dtype.itemsize == 1:
+            from tachyon.worker.kv_scales import calibrate_kv_scales
+
+            self.kv_scales = calibrate_kv_scales(self.model, config.model.vocab_size, self.device, seed=config.seed)
         self.backend = get_attention_backend(config.attention_backend)
         self.sampler = Sampler(config.model.vocab_size, self.device, seed=config.seed)
         self.kv_caches: list[tuple[torch.Tensor, torch.Tensor]] = []
@@ -103,13 +109,13 @@ class ModelRunner:
 
     # -- KV cache ---------------------------------------------------------------------------------------
     def kv_bytes_per_block(self) -> int:
-        return kv_cache_bytes_per_token(self.config.model, self.dtype) * self.block_size
+        return kv_cache_bytes_per_token(self.config.model, self.kv_dtype) * self.block_size
 
     def allocate_kv_cache(self, num_blocks: int) -> None:
         m = self.config.model
         shape = (m.num_layers, 2, num_blocks, self.block_size, m.num_kv_heads, m.head_dim)
         # zeros, not empty: masked-out padding still enters SDPA's weighted sum (0 * NaN = NaN)
-        self._kv = torch.zeros(shape, dtype=self.dtype, device=self.device)
+        self._kv = torch.zeros(shape, dtype=self.kv_dtype, device=self.device)
         self.kv_caches = [(self._kv[i, 0], self._kv[i, 1]) for i in range(m.num_layers)]
         self.num_blocks = num_blocks
 
@@ -120,7 +126,11 @@ class ModelRunner:
             return
         m = self.config.model
         self.swap_buffer = torch.empty((m.num_layers, 2, num_cpu_blocks, self.block_size, m.num_kv_heads, m.head_dim),
-                                       dtype=self.dtype, pin_memory=self.device.type == "cuda")
+                                       dtype=self._kv_raw().dtype, pin_memory=self.device.type == "cuda")
+
+    def _kv_raw(self) -> torch.Tensor:
+        """The pool as swap copies move it: bytes for an fp8 cache (fp8 has no index kernels on the CPU)."""
+        return self._kv.view(torch.uint8) if self.kv_dtype.itemsize == 1 else self._kv
 
     def request_generator(self, seed: int) -> torch.Generator:
         return self.sampler.request_generator(seed)
@@ -212,10 +222,10 @@ class ModelRunner:
         """Queue one step: swap copies, the forward, the sampling. Returns without waiting for the device."""
         if sched.swap_out:
             dev, cpu = zip(*sched.swap_out, strict=True)
-            self.swap_buffer[:, :, list(cpu)] = self._kv[:, :, list(dev)].to(self.swap_buffer.device)
+            self.swap_buffer[:, :, list(cpu)] = self._kv_raw()[:, :, list(dev)].to(self.swap_buffer.device)
         if sched.swap_in:
             cpu, dev = zip(*sched.swap_in, strict=True)
-            self._kv[:, :, list(dev)] = self.swap_buffer[:, :, list(cpu)].to(self.device, non_blocking=True)
+            self._kv_raw()[:, :, list(dev)] = self.swap_buffer[:, :, list(cpu)].to(self.device, non_blocking=True)
         x = self.prepare(sched.seqs)
         input_ids = self._input_ids(x)
         graphs = self.cuda_graphs

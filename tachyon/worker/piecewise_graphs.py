@@ -42,10 +42,11 @@ def piecewise_buckets(max_tokens: int, per_octave: int = 8) -> list[int]:
 class _Piece:
     """What runs after graph i: attention of layer i on the graph's query rows into a fixed output."""
 
-    __slots__ = ("q", "k_cache", "v_cache", "scale", "out")  # q and out: buffers every piece shares
+    __slots__ = ("q", "k_cache", "v_cache", "scale", "kv_scales", "out")  # q and out: buffers every piece shares
 
-    def __init__(self, q, k_cache, v_cache, scale, out):
-        self.q, self.k_cache, self.v_cache, self.scale, self.out = q, k_cache, v_cache, scale, out
+    def __init__(self, q, k_cache, v_cache, scale, kv_scales, out):
+        self.q, self.k_cache, self.v_cache, self.scale, self.kv_scales, self.out = (q, k_cache, v_cache, scale,
+                                                                                   kv_scales, out)
 
 
 class _CaptureBackend:
@@ -73,28 +74,29 @@ class _CaptureBackend:
             self.graphs.append(self.current)
             self.current = None
 
-    def _break(self, q, k_cache, v_cache, scale) -> torch.Tensor:
+    def _break(self, q, k_cache, v_cache, scale, kv_scales) -> torch.Tensor:
         # the query goes to a buffer every layer shares, so no layer's qkv projection outlives its piece (held
         # for the replay, 32 of them would pin ~100 MB each at 8192 tokens)
         q_static = self.g.shared_buffer("q", q)
         q_static.copy_(q)
         self.end()
         out = self.g.shared_buffer("out", q)
-        self.pieces.append(_Piece(q_static, k_cache, v_cache, scale, out))
+        self.pieces.append(_Piece(q_static, k_cache, v_cache, scale, kv_scales, out))
         self.begin()
         return out
 
-    def forward_rotary(self, positions, cos_sin_cache, q, k, v, k_cache, v_cache, meta, scale):
+    def forward_rotary(self, positions, cos_sin_cache, q, k, v, k_cache, v_cache, meta, scale, k_scale=1.0,
+                       v_scale=1.0):
         from tachyon.kernels.fused_ops import rotary_write_kv
 
-        rotary_write_kv(positions, q, k, v, cos_sin_cache, k_cache, v_cache, meta.slot_mapping)
-        return self._break(q, k_cache, v_cache, scale)
+        rotary_write_kv(positions, q, k, v, cos_sin_cache, k_cache, v_cache, meta.slot_mapping, k_scale, v_scale)
+        return self._break(q, k_cache, v_cache, scale, (k_scale, v_scale))
 
-    def forward(self, q, k, v, k_cache, v_cache, meta, scale):
+    def forward(self, q, k, v, k_cache, v_cache, meta, scale, k_scale=1.0, v_scale=1.0):
         from tachyon.kernels.kv_write import write_kv
 
-        write_kv(k, v, k_cache, v_cache, meta.slot_mapping)
-        return self._break(q, k_cache, v_cache, scale)
+        write_kv(k, v, k_cache, v_cache, meta.slot_mapping, k_scale, v_scale)
+        return self._break(q, k_cache, v_cache, scale, (k_scale, v_scale))
 
 
 class _Bucket:
@@ -188,5 +190,7 @@ class PiecewiseGraphs:
         for graph, piece in zip(bucket.graphs, bucket.pieces + [None], strict=True):
             graph.replay()
             if piece is not None:
-                attend(piece.q[:T], piece.k_cache, piece.v_cache, meta, piece.scale, out=piece.out[:T])
+                k_scale, v_scale = piece.kv_scales
+                attend(piece.q[:T], piece.k_cache, piece.v_cache, meta, piece.scale, out=piece.out[:T],
+                       k_scale=k_scale, v_scale=v_scale)
         return bucket.hidden[:T]

@@ -115,17 +115,18 @@ def _tiny_config(path) -> str:
     return p
 
 
+@pytest.mark.parametrize("kv", ["auto", "fp8"])
 @pytest.mark.parametrize("gib,block_size", [(0.001, 16), (0.0037, 8), (0.01, 32)])
-def test_blocks_agree_with_the_engine_tiny(tmp_path, gib, block_size):
+def test_blocks_agree_with_the_engine_tiny(tmp_path, gib, block_size, kv):
     """The CPU engine sizes its pool with num_kv_blocks_for_budget(cfg, dtype, block_size, int(gib * 2**30)) and
     reserves block 0 as the null block: llm.engine.kv.num_blocks is the planner's usable_blocks_per_gpu."""
     from tachyon import LLM
 
     cfg_path = _tiny_config(str(tmp_path))
     llm = LLM(model=cfg_path, load_format="dummy", device="cpu", dtype="float32", kv_cache_memory_gib=gib,
-              block_size=block_size, swap_space=0)
+              block_size=block_size, swap_space=0, kv_cache_dtype=kv)
     p = make_plan(ModelConfig.from_file(cfg_path), dtype="fp32", gpus=1, block_size=block_size,
-                  kv_budget_bytes=int(gib * GiB))
+                  kv_budget_bytes=int(gib * GiB), kv_cache_dtype=kv)
     assert p["num_blocks_per_gpu"] == llm.engine.kv.pool.num_blocks
     assert p["usable_blocks_per_gpu"] == llm.engine.kv.num_blocks == p["num_blocks_per_gpu"] - 1
     assert p["kv_bytes_per_block_per_gpu"] == llm.engine.runner.kv_bytes_per_block()
