@@ -568,7 +568,7 @@ def decode_floor(llm, batch: int, ctx: int, reps: int = 20) -> dict:
             kv.free(r)
     weights = sum(p.numel() * p.element_size() for p in runner.model.parameters()) - \
         runner.model.embed_tokens.weight.numel() * 2
-    kv_bytes = batch * ctx * 32 * 8 * 128 * 2 * 2
+    kv_bytes = batch * ctx * 32 * 8 * 128 * 2 * runner.kv_dtype.itemsize
     return {"batch": batch, "graph_size": bs, "ctx": ctx, "replay_ms": ms,
             "GB_moved": (weights + kv_bytes) / 1e9, "TBps": (weights + kv_bytes) / ms / 1e9}
 
@@ -657,7 +657,7 @@ def cmd_perf(args) -> dict:
     model_path = os.path.join(HERE, "models", f"{args.model}.json")
     weights = f"random {args.quantization} weights" if args.quantization else "random bf16 weights"
     out = {"env": env_info(), "model": f"{args.model} (benchmarks/models/{args.model}.json), {weights}",
-           "quantization": args.quantization, "command": " ".join(sys.argv)}
+           "quantization": args.quantization, "kv_cache_dtype": args.kv_cache_dtype, "command": " ".join(sys.argv)}
     out["copy_bandwidth_TBps"] = copy_bandwidth() / 1e12
     log("copy bandwidth TB/s", out["copy_bandwidth_TBps"])
     if "hf" in wl:
@@ -669,7 +669,7 @@ def cmd_perf(args) -> dict:
     llm = LLM(model=model_path, load_format="dummy", dtype="bfloat16", max_model_len=4096, quantization=args.quantization,
               max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
               enable_prefix_caching=True, swap_space=0, num_scheduler_steps=args.num_scheduler_steps,
-              enable_pdl=not args.no_pdl)
+              enable_pdl=not args.no_pdl, kv_cache_dtype=args.kv_cache_dtype)
     runner = llm.engine.runner
     out["pdl"] = runner.pdl
     if runner.cuda_graphs is not None:
@@ -840,6 +840,7 @@ def main():
     ap.add_argument("--workloads", default="single,sweep,throughput,random,prefix,profile")
     ap.add_argument("--model", default="llama3-8b", help="perf: a config under benchmarks/models (random weights)")
     ap.add_argument("--quantization", default=None, choices=["awq", "int8"], help="perf: random packed weights")
+    ap.add_argument("--kv-cache-dtype", default="auto", choices=["auto", "fp8"], help="perf: the KV cache's dtype")
     ap.add_argument("--lean-single", action="store_true", help="perf/single: skip the scheduler-depth comparison")
     ap.add_argument("--single-out", type=int, default=None, help="perf/single: output tokens (default: 512)")
     ap.add_argument("--sweep-concurrency", default="1,4,16,64,256")
