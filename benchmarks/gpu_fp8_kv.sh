@@ -6,12 +6,12 @@
 set -u
 export PYTHONPATH=.
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT/gpu.txt"
-timeout 200 python -m pytest -q -p no:cacheprovider tests/kernels/test_fp8_kv.py tests/kernels/test_attention.py \
+timeout 150 python -m pytest -q -p no:cacheprovider tests/kernels/test_fp8_kv.py tests/kernels/test_attention.py \
   tests/kernels/test_kv_write.py tests/kernels/test_fused_ops.py tests/kernels/test_piecewise_graphs.py \
   tests/kernels/test_model_triton.py > "$OUT/gpu_tests.txt" 2>&1
 tail -3 "$OUT/gpu_tests.txt"
 for kv in auto fp8; do
-  timeout 260 python benchmarks/gpu_run.py perf --workloads single,sweep,throughput,floor --lean-single \
+  timeout 205 python benchmarks/gpu_run.py perf --workloads single,sweep,throughput,floor --lean-single \
     --sweep-concurrency 1,16,64,256 --kv-cache-dtype $kv --out "$OUT/perf_kv_$kv.json" > "$OUT/perf_kv_$kv.log" 2>&1
   python - "$OUT/perf_kv_$kv.json" <<'PY'
 import json, sys
