@@ -115,7 +115,7 @@ def test_routing_by_model_version_rule_and_split(access_log):
 
 # -- streaming ---------------------------------------------------------------------------------------------------
 def test_stream_passes_each_chunk_as_it_comes():
-    slow = FakeState("s", ["m"], ttft_s=0.3, itl_s=0.3, num_chunks=3)
+    slow = FakeState("s", ["m"], ttft_s=0.4, itl_s=0.4, num_chunks=3)
     with fakes(slow) as (us,), gateway({"pools": {"p": {"backends": [{"url": us}]}}}) as (url, _):
         start = time.monotonic()
         seen: list[tuple[float, bytes]] = []
@@ -128,9 +128,10 @@ def test_stream_passes_each_chunk_as_it_comes():
         data = [json.loads(line[6:]) for _, line in seen if line != "data: [DONE]"]
         assert [d["choices"][0]["delta"]["content"] for d in data] == ["s "] * 3  # the usage chunk is not passed on
         assert seen[-1][1] == "data: [DONE]"
-        # chunk i leaves the backend at 0.3 * (i + 1) s: each arrives before the next is made
+        # chunk i leaves the backend at 0.4 * (i + 1) s, the next 0.4 s later: each arrives before the next is
+        # made
         for i, (t, _) in enumerate(seen[:3]):
-            assert 0.3 * (i + 1) - 0.05 < t < 0.3 * (i + 1) + 0.25, seen
+            assert 0.4 * (i + 1) - 0.05 < t < 0.4 * (i + 1) + 0.35, seen
         # asked for, it is passed on
         with httpx.stream("POST", f"{url}/v1/completions", timeout=30, json={
                 "model": "m", "prompt": "hi", "stream": True, "stream_options": {"include_usage": True}}) as r:

@@ -89,7 +89,7 @@ def test_nginx_tls_in_front_passes_streams_chunk_by_chunk(tls):
         s = _bound_socket()
         ports.append(s.getsockname()[1])
         s.close()
-    state = FakeState("n", ["m"], ttft_s=0.3, itl_s=0.3, num_chunks=3)
+    state = FakeState("n", ["m"], ttft_s=0.4, itl_s=0.4, num_chunks=3)
     with serve_in_thread(create_fake_app(state)) as backend:
         conf = (DEPLOY / "nginx/nginx.conf").read_text()
         conf = re.sub(r"server 127\.0\.0\.1:8080 [^;]*;\s*server 127\.0\.0\.1:8081 [^;]*;",
@@ -119,9 +119,49 @@ def test_nginx_tls_in_front_passes_streams_chunk_by_chunk(tls):
                     if line:
                         seen.append((time.monotonic() - start, line))
             assert [line for _, line in seen][-1] == "data: [DONE]" and len(seen) == 4
-            for i, (t, _) in enumerate(seen[:3]):  # chunk i leaves the backend at 0.3 * (i + 1) s
-                assert 0.3 * (i + 1) - 0.05 < t < 0.3 * (i + 1) + 0.25, seen
+            # chunk i leaves the backend at 0.4 * (i + 1) s, the next 0.4 s later: each arrives before the next is made
+            for i, (t, _) in enumerate(seen[:3]):
+                assert 0.4 * (i + 1) - 0.05 < t < 0.4 * (i + 1) + 0.35, seen
             assert state.bodies[-1]["prompt"] == "hi"
         finally:
             proc.terminate()
             proc.wait(10)
+
+
+def _k8s_documents() -> list[dict]:
+    """The base as kustomize renders it (kubectl), else its resource files as they are."""
+    base = DEPLOY / "k8s/base"
+    kubectl = shutil.which("kubectl")
+    if kubectl:
+        out = subprocess.run([kubectl, "kustomize", str(base)], capture_output=True, text=True)
+        assert out.returncode == 0, out.stderr
+        return [d for d in yaml.safe_load_all(out.stdout) if d]
+    kustomization = yaml.safe_load((base / "kustomization.yaml").read_text())
+    return [d for f in kustomization["resources"] for d in yaml.safe_load_all((base / f).read_text()) if d]
+
+
+def test_kubernetes_manifests_validate_against_the_schemas():
+    kubernetes_validate = pytest.importorskip("kubernetes_validate")
+    docs = _k8s_documents()
+    for doc in docs:
+        kubernetes_validate.validate(doc, "1.30.0", strict=True)  # raises, naming the field, if a manifest is wrong
+    by_kind = {}
+    for d in docs:
+        by_kind.setdefault(d["kind"], {})[d["metadata"]["name"]] = d
+    serve = by_kind["Deployment"]["tachyon-serve"]["spec"]["template"]["spec"]
+    container = serve["containers"][0]
+    assert container["resources"]["limits"]["nvidia.com/gpu"] == "1"
+    assert container["readinessProbe"]["httpGet"]["path"] == "/health"
+    timeout = float(container["args"][container["args"].index("--shutdown-timeout") + 1])
+    assert serve["terminationGracePeriodSeconds"] > timeout + 5  # running requests finish before the kill
+    assert "tachyon-serve" in by_kind["PodDisruptionBudget"]
+    hpa = by_kind["HorizontalPodAutoscaler"]["tachyon-serve"]["spec"]
+    assert hpa["metrics"][0]["pods"]["metric"]["name"] == "tachyon_num_requests_waiting"
+
+
+def test_the_clusters_gateway_config_loads():
+    pytest.importorskip("pydantic")
+    from tachyon.gateway.config import load_config
+
+    cfg = load_config(DEPLOY / "k8s/base/gateway-config.yaml")
+    assert cfg.pools["main"].backends[0].url == "http://tachyon-serve:8000"
