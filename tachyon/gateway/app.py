@@ -43,7 +43,8 @@ logger = logging.getLogger("tachyon.gateway")
 access_logger = logging.getLogger("tachyon.gateway.access")
 
 # failures where the backend sent nothing back: safe to send the request elsewhere
-_RETRYABLE = (httpx.ConnectError, httpx.ConnectTimeout, httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError)
+_UNREACHABLE = (httpx.ConnectError, httpx.ConnectTimeout)  # nobody listens there: eject it
+_RETRYABLE = (*_UNREACHABLE, httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError)
 _DEFAULT_KEY = KeyConfig(id="-", sha256="0" * 64)  # no keys configured: everyone is "-", without limits
 
 
@@ -126,7 +127,8 @@ class Gateway:
         self.client = httpx.AsyncClient(
             timeout=httpx.Timeout(connect=c.connect_timeout_s, read=c.read_timeout_s, write=c.read_timeout_s,
                                   pool=None),
-            limits=httpx.Limits(max_connections=None, max_keepalive_connections=1024))
+            # idle connections are dropped before uvicorn's 5 s keep-alive timeout closes them under a request
+            limits=httpx.Limits(max_connections=None, max_keepalive_connections=1024, keepalive_expiry=4.0))
         hc = c.health_check
         self.health = HealthChecker(self.pools, self.client, hc.path, hc.interval_s, hc.ejected_interval_s,
                                     hc.timeout_s)
@@ -187,6 +189,7 @@ class Gateway:
         tried: set[Backend] = set()
         last_answer: tuple[int, bytes, str] | None = None  # a 429/503 kept in case no other backend answers
         failures = []
+        reused_once = False
         for pool in decision.pools:
             while rec.attempts < self.config.max_attempts:
                 backend = pool.pick(tried)
@@ -203,9 +206,15 @@ class Gateway:
                     resp = await self.client.send(req, stream=True)
                 except _RETRYABLE as e:
                     backend.outstanding -= 1
-                    backend.eject(repr(e))
                     self.metrics.retries.labels(pool.name, backend.id).inc()
                     failures.append(f"{backend.id}: {type(e).__name__}")
+                    if isinstance(e, _UNREACHABLE):
+                        backend.eject(repr(e))
+                    elif not reused_once:
+                        # a kept-alive connection the backend had just closed: once, the same backend again on a
+                        # new connection, without ejecting it (its probes decide whether it is down)
+                        reused_once = True
+                        tried.discard(backend)
                     continue
                 except httpx.HTTPError as e:  # a timeout after the request went out: it may be running there
                     backend.outstanding -= 1
