@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
+import hmac
 import json
 import logging
 import time
@@ -33,7 +34,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from tachyon.gateway.backends import Backend, HealthChecker, auth_headers, build_pools
-from tachyon.gateway.config import GatewayConfig, KeyConfig
+from tachyon.gateway.config import GatewayConfig, KeyConfig, load_config
 from tachyon.gateway.limits import KeyLimiter, MemoryBuckets
 from tachyon.gateway.metrics import GatewayMetrics
 from tachyon.gateway.routing import Decision, RequestFacts, Router, prompt_chars
@@ -140,6 +141,34 @@ class Gateway:
         self.health = HealthChecker(self.pools, self.clients[0], hc.path, hc.interval_s, hc.ejected_interval_s,
                                     hc.timeout_s)
         await self.health.probe_all()  # route from the first request on with what the backends say
+
+    async def reload(self, config: GatewayConfig) -> dict:
+        """Routes, pools and keys from `config`, swapped in at once: requests in flight finish where they are
+        (they hold their backend), new ones follow the new routes. A backend kept (same pool, place and URL)
+        keeps its state; a new one is probed before the swap, so it takes requests only if it is healthy."""
+        kept = {(b.id, b.url): b for p in self.pools.values() for b in p.backends}
+        pools = build_pools(config)
+        fresh = []
+        for pool in pools.values():
+            backends = []
+            for new in pool.backends:
+                old = kept.get((new.id, new.url))
+                if old is None:
+                    fresh.append(new)
+                else:
+                    old.api_key, old.weight = new.api_key, new.weight
+                backends.append(old or new)
+            pool.backends = backends
+        await asyncio.gather(*(self.health.probe(b) for b in fresh))
+        self.config = config
+        self.pools.clear()
+        self.pools.update(pools)
+        self.router = Router(config, self.pools)
+        self.keys = {k.sha256: k for k in config.keys}
+        logger.info("gateway config reloaded: %d pool(s), %d route(s), %d key(s)", len(pools), len(config.routes),
+                    len(config.keys))
+        return {"pools": {name: p.num_healthy() for name, p in pools.items()}, "routes": len(config.routes),
+                "keys": len(config.keys)}
 
     async def stop(self) -> None:
         for client in self.clients:
@@ -334,9 +363,13 @@ class Gateway:
         return JSONResponse({"status": "ok", "healthy_backends": pools})
 
 
-def create_gateway_app(config: GatewayConfig, buckets=None, seed: int | None = None) -> FastAPI:
-    """`buckets`: where the per-key limits live (MemoryBuckets by default, RedisBuckets for several gateways)."""
+def create_gateway_app(config: GatewayConfig, buckets=None, seed: int | None = None, *, config_path: str | None = None,
+                       admin_key: str | None = None) -> FastAPI:
+    """`buckets`: where the per-key limits live (MemoryBuckets by default, RedisBuckets for several gateways).
+    With `admin_key` and `config_path`, `POST /admin/reload` (Authorization: Bearer ADMIN_KEY) re-reads the config:
+    how a new model version takes over (new replicas in a pool, the route moved to it) with nothing in flight lost."""
     gw = Gateway(config, buckets, seed)
+    admin_digest = hashlib.sha256(admin_key.encode()).digest() if admin_key else None
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -364,6 +397,20 @@ def create_gateway_app(config: GatewayConfig, buckets=None, seed: int | None = N
         if gw.key_of(request) is None:
             return _error(401, "a valid API key is needed: send the header 'Authorization: Bearer KEY'")
         return gw.models()
+
+    @app.post("/admin/reload")
+    async def reload(request: Request):
+        if admin_digest is None or config_path is None:
+            return _error(404, "no admin API: start the gateway with --admin-key")
+        scheme, _, token = request.headers.get("authorization", "").partition(" ")
+        if not (scheme.lower() == "bearer" and hmac.compare_digest(hashlib.sha256(token.encode()).digest(), admin_digest)):
+            return _error(401, "the admin API needs 'Authorization: Bearer ADMIN_KEY' (--admin-key)",
+                          headers={"WWW-Authenticate": "Bearer"})
+        try:
+            config = load_config(config_path)
+        except (OSError, ValueError) as e:  # the running config stays
+            return _error(400, f"config not reloaded: {e}")
+        return await gw.reload(config)
 
     @app.get("/health")
     async def health():

@@ -84,7 +84,7 @@ def _model_ids(body: dict) -> dict[str, str]:
 class HealthChecker:
     def __init__(self, pools: dict[str, Pool], client: httpx.AsyncClient, path: str, interval_s: float,
                  ejected_interval_s: float, timeout_s: float):
-        self.backends = [b for p in pools.values() for b in p.backends]
+        self.pools = pools  # the gateway's own dict: a reload changes it in place
         self.client = client
         self.path = path
         self.interval_s = interval_s
@@ -108,7 +108,8 @@ class HealthChecker:
         b.healthy = True
 
     async def probe_all(self, only_ejected: bool = False) -> None:
-        await asyncio.gather(*(self.probe(b) for b in self.backends if not (only_ejected and b.healthy)))
+        backends = [b for p in self.pools.values() for b in p.backends]
+        await asyncio.gather(*(self.probe(b) for b in backends if not (only_ejected and b.healthy)))
 
     async def run(self) -> None:
         """Every backend each interval_s; an ejected one also every ejected_interval_s, to bring it back soon."""

@@ -16,6 +16,9 @@ def add_gateway_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--redis-url", default=None,
                    help="keep per-key limits in Redis (redis://HOST:6379/0), shared by every gateway replica "
                         "(default: in this process)")
+    p.add_argument("--admin-key", default=None,
+                   help="enable POST /admin/reload (Authorization: Bearer ADMIN_KEY): re-read --config and swap it in "
+                        "without dropping requests in flight")
     p.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
 
 
@@ -28,7 +31,8 @@ def run_gateway(args: argparse.Namespace) -> int:
 
     logging.basicConfig(level=args.log_level.upper(), format="%(message)s")
     config = load_config(args.config)
-    app = create_gateway_app(config, RedisBuckets(args.redis_url) if args.redis_url else None)
+    app = create_gateway_app(config, RedisBuckets(args.redis_url) if args.redis_url else None,
+                             config_path=args.config, admin_key=args.admin_key)
     logging.getLogger("tachyon.gateway").info("gateway on http://%s:%d: %d pool(s), %d route(s), %d key(s)",
                                               args.host, args.port, len(config.pools), len(config.routes),
                                               len(config.keys))

@@ -296,3 +296,47 @@ def test_key_limits_in_redis_shared_by_two_gateways(redis_url):
         cfg = _limits_cfg(ua)
         with gateway(cfg, RedisBuckets(redis_url)) as (url1, _), gateway(cfg, RedisBuckets(redis_url)) as (url2, _):
             _check_limits(url1, url2)
+
+
+# -- model swap ----------------------------------------------------------------------------------------------------
+def test_model_version_swap_under_load_loses_nothing(tmp_path):
+    """v1 replicas serve `smol`; v2 replicas come up; the route moves to them (POST /admin/reload) while 16 streams
+    run on v1: every one of those finishes on v1, every request after the swap goes to v2, none fails."""
+    v1, v2 = FakeState("v1", ["smol"], ttft_s=0.1, itl_s=0.2, num_chunks=5), FakeState("v2", ["smol"])
+    with fakes(v1, v2) as (u1, u2):
+        path = tmp_path / "gateway.yaml"
+
+        def write(pools: dict, pool: str) -> None:
+            path.write_text(json.dumps({"pools": pools, "routes": [{"model": "smol", "pool": pool}]}))
+
+        write({"v1": {"backends": [{"url": u1}]}}, "v1")
+        from tachyon.gateway.config import load_config
+
+        app = create_gateway_app(load_config(path), config_path=str(path), admin_key="admin")
+        with serve_in_thread(app) as url:
+            async def run():
+                async with httpx.AsyncClient(timeout=30) as client:
+                    async def stream():
+                        body = {"model": "smol", "prompt": "hi", "stream": True}
+                        async with client.stream("POST", f"{url}/v1/completions", json=body) as r:
+                            lines = [x async for x in r.aiter_lines() if x]
+                            return r.status_code, r.headers.get("x-gateway-backend"), len(lines), lines[-1]
+
+                    running = [asyncio.create_task(stream()) for _ in range(16)]
+                    await asyncio.sleep(0.3)  # all 16 are streaming from v1 now
+                    write({"v1": {"backends": [{"url": u1}]}, "v2": {"backends": [{"url": u2}]}}, "v2")
+                    denied = await client.post(f"{url}/admin/reload", headers=auth("wrong"))
+                    swap = await client.post(f"{url}/admin/reload", headers=auth("admin"))
+                    after = await asyncio.gather(*(stream() for _ in range(8)))
+                    return denied, swap, await asyncio.gather(*running), after
+
+            denied, swap, before, after = asyncio.run(run())
+            assert denied.status_code == 401
+            assert swap.status_code == 200 and swap.json() == {"pools": {"v1": 1, "v2": 1}, "routes": 1, "keys": 0}
+            assert before == [(200, "v1/0", 6, "data: [DONE]")] * 16  # 5 chunks and [DONE]: nothing cut short
+            assert {(s, b) for s, b, _, _ in after} == {(200, "v2/0")}
+            assert v1.requests == 16 and v2.requests == 8
+            path.write_text("pools: {}\n")
+            bad = httpx.post(f"{url}/admin/reload", headers=auth("admin"))
+            assert bad.status_code == 400 and "config not reloaded" in bad.json()["error"]["message"]
+            assert complete(url, "smol", key=None).headers["x-gateway-backend"] == "v2/0"  # the old config stays
