@@ -1,7 +1,8 @@
 """The gateway over two real replicas: `server` (conftest: the embedded model in this process) and a `tachyon serve`
-subprocess. The official client through the gateway gets the replicas' own greedy answers (streamed and not);
-a rule routes to one replica; 64 concurrent clients spread over both; the subprocess is SIGKILLed mid-run and
-no request that starts afterwards sees an error; the in-process replica ends with every KV block free.
+subprocess started with --model-version v2. The official client through the gateway gets the replicas' own greedy
+answers (streamed and not); a header rule routes to one replica; MODEL@v2 finds the replica that reports v2; 16
+streams spread over both; the subprocess is SIGKILLed mid-run and none of the 16 requests started afterwards sees
+an error; the in-process replica ends with every KV block free. (64 clients: test_gateway.py, on fake backends.)
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ def replica():
     port = sock.getsockname()[1]
     sock.close()
     cmd = [sys.executable, "-m", "tachyon.cli", "serve", "--port", str(port), "--kv-cache-memory-gib", "0.1",
-           "--swap-space", "0", "--log-level", "warning",
+           "--swap-space", "0", "--log-level", "warning", "--model-version", "v2",
            # one process: with the engine core in its own, the first requests took 17-20 s on the 2 loaded cores
            "--no-engine-process"]
     proc = subprocess.Popen(cmd, env=dict(os.environ, TACHYON_API_KEY=API_KEY), stdout=subprocess.DEVNULL,
@@ -65,6 +66,10 @@ def test_gateway_over_two_replicas_with_one_killed_mid_run(server, replica):
                                                             temperature=0, extra_headers={"x-scenario": "local"})
         assert raw.headers["x-gateway-backend"] == "local/0"
         assert raw.parse().choices[0].message.content == want_text
+        # no route names MODEL@v2: the replica whose /v1/models card says version v2 gets it, sent as MODEL
+        raw = gw.completions.with_raw_response.create(model=f"{MODEL}@v2", prompt="Hi", max_tokens=2)
+        assert raw.headers["x-gateway-backend"] == "replicas/1" and raw.parse().model == MODEL
+        assert f"{MODEL}@v2" in [m.id for m in gw.models.list()]
         # streamed through the gateway by either replica: the same greedy text
         chunks = list(gw.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=8, temperature=0,
                                                  stream=True))
