@@ -1,6 +1,7 @@
 """deploy/: the alert rules fire and clear (promtool), every alert has a fixture and the seeds' thresholds, the
-Prometheus config is valid, nginx (TLS) in front of a backend passes a stream through chunk by chunk, and the
-Kubernetes manifests validate against the Kubernetes schemas. Each check skips when its tool is absent.
+Prometheus config is valid, a real Prometheus scrapes a server and the gateway, nginx (TLS) in front of a backend
+passes a stream through chunk by chunk, and the Kubernetes manifests validate against the Kubernetes schemas.
+Each check skips when its tool is absent.
 """
 
 from __future__ import annotations
@@ -165,3 +166,50 @@ def test_the_clusters_gateway_config_loads():
 
     cfg = load_config(DEPLOY / "k8s/base/gateway-config.yaml")
     assert cfg.pools["main"].backends[0].url == "http://tachyon-serve:8000"
+
+
+def test_prometheus_scrapes_a_server_and_the_gateway(server, tmp_path):
+    """A real Prometheus with deploy/'s alert rules scrapes `server` (conftest) and a gateway in front of it; its query
+    API returns their series, and it loaded every alert group."""
+    prometheus = _tool("prometheus")
+    from tachyon.gateway.app import create_gateway_app
+    from tachyon.gateway.config import parse_config
+    from tests.integration.conftest import API_KEY, _bound_socket, serve_in_thread
+
+    s = _bound_socket()
+    port = s.getsockname()[1]
+    s.close()
+    gw_cfg = {"pools": {"p": {"backends": [{"url": server.url, "api_key": API_KEY}]}}}
+    with serve_in_thread(create_gateway_app(parse_config(gw_cfg))) as gw:
+        config = {"global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
+                  "rule_files": [str(DEPLOY / "prometheus/alerts.yml")],
+                  "scrape_configs": [
+                      {"job_name": "tachyon", "static_configs": [{"targets": [server.url.removeprefix("http://")]}]},
+                      {"job_name": "tachyon-gateway", "static_configs": [{"targets": [gw.removeprefix("http://")]}]}]}
+        (tmp_path / "prometheus.yml").write_text(yaml.safe_dump(config))
+        proc = subprocess.Popen([prometheus, f"--config.file={tmp_path / 'prometheus.yml'}",
+                                 f"--storage.tsdb.path={tmp_path / 'data'}", f"--web.listen-address=127.0.0.1:{port}"],
+                                stdout=subprocess.DEVNULL, stderr=(tmp_path / "log").open("w"))
+        api = f"http://127.0.0.1:{port}/api/v1"
+        try:
+            def query(q: str) -> list[dict]:
+                return httpx.get(f"{api}/query", params={"query": q}, timeout=5).json()["data"]["result"]
+
+            deadline = time.monotonic() + 30
+            results: dict[str, list] = {}
+            wanted = ("tachyon:kv_cache_num_blocks", 'tachyon_gateway:backend_healthy{backend="p/0"}')
+            while time.monotonic() < deadline and not all(results.get(q) for q in wanted):
+                with contextlib.suppress(httpx.HTTPError, KeyError, ValueError):
+                    results = {q: query(q) for q in wanted}
+                time.sleep(0.25)
+            blocks = results.get(wanted[0])
+            assert blocks, (tmp_path / "log").read_text()[-3000:]
+            assert float(blocks[0]["value"][1]) == server.engine.kv.num_blocks
+            assert blocks[0]["metric"]["job"] == "tachyon" and blocks[0]["metric"]["model_name"]
+            assert float(results[wanted[1]][0]["value"][1]) == 1.0
+            groups = httpx.get(f"{api}/rules", timeout=5).json()["data"]["groups"]
+            assert {g["name"] for g in groups} == {"tachyon", "tachyon-gateway"}
+            assert {r["name"] for g in groups for r in g["rules"]} == set(_alerts())
+        finally:
+            proc.terminate()
+            proc.wait(10)
