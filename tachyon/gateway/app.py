@@ -54,6 +54,21 @@ def _error(status: int, message: str, param: str | None = None, headers: dict | 
     return JSONResponse(error_body(status, message, param), status_code=status, headers=headers)
 
 
+async def _read_body(request: Request, limit_mb: float) -> bytes | None:
+    """The body, or None as soon as it passes the limit (the rest is not read)."""
+    limit = int(limit_mb * 2**20)
+    size = request.headers.get("content-length", "")
+    if size.isdigit() and int(size) > limit:
+        return None
+    chunks, n = [], 0
+    async for chunk in request.stream():
+        n += len(chunk)
+        if n > limit:
+            return None
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
 @dataclass
 class _Record:
     """One request as the access log and the metrics see it."""
@@ -190,8 +205,13 @@ class Gateway:
         if key is None:
             return _error(401, "a valid API key is needed: send the header 'Authorization: Bearer KEY'",
                           headers={"WWW-Authenticate": "Bearer"})
+        raw = await _read_body(request, self.config.max_request_body_mb)
+        if raw is None:
+            return _error(413, f"the request body is larger than this gateway accepts "
+                               f"({self.config.max_request_body_mb:g} MiB: max_request_body_mb in its config)",
+                          headers={"Connection": "close"})
         try:
-            body = json.loads(await request.body())
+            body = json.loads(raw)
         except ValueError as e:
             return _error(400, f"the request body is not valid JSON: {e}")
         if not isinstance(body, dict):

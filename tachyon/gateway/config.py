@@ -131,6 +131,7 @@ class GatewayConfig(_Strict):
     connect_timeout_s: float = Field(2.0, gt=0, description="a backend not accepting within this is skipped")
     read_timeout_s: float = Field(600.0, gt=0, description="longest wait for the next byte of an answer")
     max_attempts: int = Field(3, ge=1, description="backends tried for one request before answering 502")
+    max_request_body_mb: float = Field(16.0, gt=0, description="larger request bodies are answered 413")
     access_log: Literal["json", "off"] = "json"
 
     @model_validator(mode="after")

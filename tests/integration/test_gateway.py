@@ -340,3 +340,20 @@ def test_model_version_swap_under_load_loses_nothing(tmp_path):
             bad = httpx.post(f"{url}/admin/reload", headers=auth("admin"))
             assert bad.status_code == 400 and "config not reloaded" in bad.json()["error"]["message"]
             assert complete(url, "smol", key=None).headers["x-gateway-backend"] == "v2/0"  # the old config stays
+
+
+def test_client_leaving_mid_stream_closes_the_backend_stream_and_big_bodies_are_refused():
+    slow = FakeState("s", ["m"], itl_s=0.2, num_chunks=20)
+    with fakes(slow) as (us,), gateway({"pools": {"p": {"backends": [{"url": us}]}}, "max_request_body_mb": 0.01}) as (
+            url, gw):
+        with httpx.stream("POST", f"{url}/v1/completions", json={"model": "m", "prompt": "hi", "stream": True},
+                          timeout=30) as r:
+            first = next(line for line in r.iter_lines() if line)
+        assert first.startswith("data: {")
+        deadline = time.monotonic() + 1.5  # the stream would run 4 s
+        while (slow.in_flight or gw.pools["p"].backends[0].outstanding) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert slow.in_flight == 0 and gw.pools["p"].backends[0].outstanding == 0  # not 4 s later, at its end
+        r = complete(url, "m", prompt="x" * 20000)
+        assert r.status_code == 413 and "max_request_body_mb" in r.json()["error"]["message"]
+        assert slow.requests == 1
