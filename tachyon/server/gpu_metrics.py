@@ -12,6 +12,9 @@ from prometheus_client.core import GaugeMetricFamily
 
 logger = logging.getLogger("tachyon")
 
+MEMORY_USED, MEMORY_TOTAL, UTILIZATION = SERIES = (
+    "tachyon:gpu_memory_used_bytes", "tachyon:gpu_memory_total_bytes", "tachyon:gpu_utilization_perc")
+
 
 def open_nvml():
     """The pynvml module, initialised, or None where there is no GPU to read."""
@@ -37,9 +40,9 @@ class GPUCollector:
         if nvml is None:
             return
         labels = ["model_name", "gpu"]
-        used = GaugeMetricFamily("tachyon:gpu_memory_used_bytes", "GPU memory in use on the device.", labels=labels)
-        total = GaugeMetricFamily("tachyon:gpu_memory_total_bytes", "GPU memory of the device.", labels=labels)
-        util = GaugeMetricFamily("tachyon:gpu_utilization_perc", "Fraction of the last sample period in which a "
+        used = GaugeMetricFamily(MEMORY_USED, "GPU memory in use on the device.", labels=labels)
+        total = GaugeMetricFamily(MEMORY_TOTAL, "GPU memory of the device.", labels=labels)
+        util = GaugeMetricFamily(UTILIZATION, "Fraction of the last sample period in which a "
                                  "kernel ran on the device (NVML utilization.gpu / 100).", labels=labels)
         try:
             for i in range(nvml.nvmlDeviceGetCount()):

@@ -9,7 +9,7 @@ import pytest
 pytest.importorskip("prometheus_client")
 from prometheus_client import CollectorRegistry, generate_latest  # noqa: E402
 
-from tachyon.server.gpu_metrics import GPUCollector, open_nvml  # noqa: E402
+from tachyon.server.gpu_metrics import SERIES, GPUCollector, open_nvml  # noqa: E402
 
 
 class FakeNVML:
@@ -39,6 +39,7 @@ def test_gpu_series_from_nvml():
     assert 'tachyon:gpu_memory_used_bytes{gpu="1",model_name="m"} 2.147483648e+09' in text
     assert 'tachyon:gpu_memory_total_bytes{gpu="0",model_name="m"} 8.589934592e+10' in text
     assert 'tachyon:gpu_utilization_perc{gpu="0",model_name="m"} 0.97' in text
+    assert {line.split("{")[0] for line in text.splitlines() if not line.startswith("#")} == set(SERIES)
 
 
 def test_no_gpu_no_series():
