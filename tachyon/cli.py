@@ -9,6 +9,7 @@ import sys
 from tachyon.bench.cli import add_bench_args
 from tachyon.engine_args import EngineArgs
 from tachyon.eval import add_eval_args
+from tachyon.gateway.cli import add_gateway_args
 from tachyon.plan import add_plan_args
 from tachyon.quantize import add_quantize_args
 from tachyon.server.cli import add_serve_args
@@ -141,6 +142,12 @@ def cmd_eval(args) -> int:
     return run_eval(args)
 
 
+def cmd_gateway(args) -> int:
+    from tachyon.gateway.cli import run_gateway
+
+    return run_gateway(args)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="tachyon", description="Tachyon LLM inference engine")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -180,6 +187,10 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("eval", help="quality of a model as the engine runs it: ppl (held-out perplexity)")
     add_eval_args(p)
     p.set_defaults(func=cmd_eval)
+
+    p = sub.add_parser("gateway", help="API gateway over OpenAI-compatible backends: keys, limits, routing, balancing")
+    add_gateway_args(p)
+    p.set_defaults(func=cmd_gateway)
     return parser
 
 

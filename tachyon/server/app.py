@@ -151,10 +151,12 @@ def _is_json(content_type: str) -> bool:
 
 def create_app(async_engine: AsyncEngine, model_name: str, api_key: str | Sequence[str] | None = None,
                model_path: str | None = None, *, max_request_body_bytes: int | None = 16 * 2**20,
-               metrics_require_api_key: bool = False, request_timeout: float | None = None) -> FastAPI:
+               metrics_require_api_key: bool = False, request_timeout: float | None = None,
+               model_version: str | None = None) -> FastAPI:
     """`api_key`: one key or several (default: $TACHYON_API_KEY, comma-separated); with any, /v1 routes and the
     API docs need one, and /metrics too if `metrics_require_api_key`. `max_request_body_bytes=None`: no limit.
-    `request_timeout`: seconds from arrival after which a request is aborted (None: no limit)."""
+    `request_timeout`: seconds from arrival after which a request is aborted (None: no limit). `model_version`: shown
+    in the model card, so a gateway can route NAME@VERSION to this server."""
     api_keys = _api_keys(api_key)
     serving = OpenAIServing(async_engine, model_name, request_timeout=request_timeout)
     metrics = ServerMetrics(async_engine.engine, model_name)
@@ -231,7 +233,8 @@ def create_app(async_engine: AsyncEngine, model_name: str, api_key: str | Sequen
     def model_card() -> dict:
         return {"id": model_name, "object": "model", "created": created, "owned_by": "tachyon",
                 "root": model_path or model_name, "parent": None,
-                "max_model_len": async_engine.engine.config.scheduler.max_model_len}
+                "max_model_len": async_engine.engine.config.scheduler.max_model_len,
+                **({"version": model_version} if model_version else {})}
 
     @app.get("/v1/models")
     async def models():

@@ -31,6 +31,8 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
                         "(default: no limit)")
     g.add_argument("--served-model-name", default=None,
                    help="the model name clients send (default: the model path's basename)")
+    g.add_argument("--model-version", default=None,
+                   help="a version shown in /v1/models' card ('version'): a gateway then routes NAME@VERSION here")
     g.add_argument("--max-queued-requests", type=int, default=None,
                    help="answer 429 when this many requests are already waiting (default: no limit)")
     g.add_argument("--shutdown-timeout", type=float, default=30.0,
@@ -71,7 +73,8 @@ def build_app(args: argparse.Namespace):
     body_mb = args.max_request_body_mb
     return create_app(async_engine, name, api_key=args.api_key, model_path=args.model,
                       max_request_body_bytes=None if math.isinf(body_mb) else int(body_mb * 2**20),
-                      metrics_require_api_key=args.metrics_require_api_key, request_timeout=args.request_timeout)
+                      metrics_require_api_key=args.metrics_require_api_key, request_timeout=args.request_timeout,
+                      model_version=args.model_version)
 
 
 def run_server(args: argparse.Namespace) -> int:

@@ -18,6 +18,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from tachyon.outputs import RequestOutput
+from tachyon.server.gpu_metrics import GPUCollector, open_nvml
 
 logger = logging.getLogger("tachyon")
 
@@ -95,6 +96,7 @@ class ServerMetrics:
         self.model_name = model_name
         self.registry = CollectorRegistry(auto_describe=True)
         self.registry.register(EngineCollector(engine, model_name))
+        self.registry.register(GPUCollector(model_name, open_nvml()))
         self._seen: dict[str, _Seen] = {}
         token_buckets = token_count_buckets(engine.config.scheduler.max_model_len)
 

@@ -25,8 +25,12 @@ LAYERS = {
     "tachyon.models": ("tachyon.worker", "tachyon.engine", "tachyon.server", "tachyon.bench"),
     "tachyon.worker": ("tachyon.server", "tachyon.bench"),  # and tachyon.engine: test_worker_does_not_import_engine
     "tachyon.engine": ("tachyon.worker", "tachyon.server", "tachyon.bench"),
+    # the gateway speaks HTTP to its backends: nothing of the engine below them
+    "tachyon.gateway": ("tachyon.build", "tachyon.engine", "tachyon.worker", "tachyon.models", "tachyon.layers",
+                        "tachyon.kernels", "tachyon.llm"),
 }
-SERVER_IMPORTERS = ("tachyon.server", "tachyon.cli", "tachyon.build")
+# the gateway answers with the server's OpenAI-style error bodies (tachyon.server.errors)
+SERVER_IMPORTERS = ("tachyon.server", "tachyon.cli", "tachyon.build", "tachyon.gateway")
 
 
 @dataclass(frozen=True)
