@@ -6,13 +6,16 @@ put together. Order: configs, tokenizer, model runner (weights), KV pool sized, 
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 
 from tachyon.config import EngineConfig, num_kv_blocks_for_budget
 from tachyon.engine.engine import LLMEngine
+from tachyon.engine.ngram_proposer import NgramProposer
 from tachyon.engine.tokenizer import load_tokenizer
 from tachyon.engine_args import EngineArgs
+from tachyon.interface import Proposer
 from tachyon.models.loader import load_config, resolve_model_path
 from tachyon.worker.model_runner import ModelRunner
 
@@ -23,7 +26,7 @@ def build_engine(args: EngineArgs) -> LLMEngine:
     t0 = time.perf_counter()
     config, runner, num_blocks, num_cpu_blocks = build_runner(args)
     tokenizer = front_end_tokenizer(args)
-    engine = LLMEngine(config, tokenizer, runner, num_blocks, num_cpu_blocks)
+    engine = LLMEngine(config, tokenizer, runner, num_blocks, num_cpu_blocks, build_proposer(args, config, num_blocks))
     engine.startup_time_s = time.perf_counter() - t0
     logger.info("engine ready in %.1fs: %d KV blocks of %d tokens", engine.startup_time_s, num_blocks,
                 args.block_size)
@@ -37,6 +40,25 @@ def build_runner(args: EngineArgs) -> tuple[EngineConfig, ModelRunner, int, int]
     bare_config = path.endswith(".json")  # a bare config.json: random weights
     runner = ModelRunner(config, None if args.load_format == "dummy" and bare_config else path, args.load_format)
     return (config, runner, *prepare_runner(config, runner))
+
+
+def build_proposer(args: EngineArgs, config: EngineConfig, num_blocks: int) -> Proposer | None:
+    """Speculative decoding's proposer, if configured: n-gram lookup, or a draft model whose paged KV has the
+    target's block count and block size (the same block tables address both)."""
+    spec = config.speculative
+    if spec is None:
+        return None
+    if spec.method == "ngram":
+        return NgramProposer(spec.prompt_lookup_min, spec.prompt_lookup_max)
+    from tachyon.worker.draft_proposer import DraftProposer
+
+    draft_args = dataclasses.replace(args, model=spec.model, speculative_config=None, num_kv_blocks=num_blocks,
+                                     swap_space=0, num_scheduler_steps=1, tokenizer=None)
+    draft_config, draft_runner, _, _ = build_runner(draft_args)
+    if draft_config.model.vocab_size > config.model.vocab_size:
+        raise ValueError(f"the draft model {spec.model} has a vocabulary of {draft_config.model.vocab_size} tokens, "
+                         f"the target {config.model.vocab_size}: a draft needs the target's tokenizer")
+    return DraftProposer(draft_runner)
 
 
 def front_end_tokenizer(args: EngineArgs):
@@ -62,7 +84,7 @@ def build_core(args: EngineArgs):
 
     t0 = time.perf_counter()
     config, runner, num_blocks, num_cpu_blocks = build_runner(args)
-    core = EngineCore(config, runner, num_blocks, num_cpu_blocks)
+    core = EngineCore(config, runner, num_blocks, num_cpu_blocks, build_proposer(args, config, num_blocks))
     info = {"config": config, "num_kv_blocks": core.kv.num_blocks, "startup_time_s": time.perf_counter() - t0,
             "timings": dict(runner.timings)}
     logger.info("engine core ready in %.1fs: %d KV blocks of %d tokens", info["startup_time_s"], num_blocks,

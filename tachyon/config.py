@@ -254,6 +254,70 @@ class SchedulerConfig:
     num_scheduler_steps: int
 
 
+SPECULATIVE_METHODS = ("ngram", "draft_model")
+_PROMPT_LOOKUP_MIN, _PROMPT_LOOKUP_MAX = 2, 4  # n-gram lengths when not given
+
+
+@dataclass(slots=True, frozen=True)
+class SpeculativeConfig:
+    """Speculative decoding (vLLM's `--speculative-config` shape): each step, a proposer guesses up to
+    `num_speculative_tokens` next tokens of a decoding sequence and the target model verifies them in one forward.
+
+    method "ngram": prompt lookup on the host; the longest suffix of the sequence's tokens (at most
+    `prompt_lookup_max`, at least `prompt_lookup_min` tokens) found earlier in it proposes what followed there.
+    method "draft_model": `model`, a smaller model with the same tokenizer, proposes greedily with its own paged KV.
+    """
+
+    method: str
+    num_speculative_tokens: int
+    prompt_lookup_max: int = _PROMPT_LOOKUP_MAX
+    prompt_lookup_min: int = _PROMPT_LOOKUP_MIN
+    model: str | None = None
+
+    @classmethod
+    def parse(cls, value: str | dict | SpeculativeConfig | None) -> SpeculativeConfig | None:
+        """From the JSON of `--speculative-config` (or a dict); None or "" means off."""
+        if value is None or isinstance(value, SpeculativeConfig):
+            return value
+        if isinstance(value, str):
+            if not value.strip():
+                return None
+            try:
+                value = json.loads(value)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"--speculative-config is not JSON ({e}); give e.g. "
+                                 f"'{{\"method\": \"ngram\", \"num_speculative_tokens\": 4}}'") from None
+        if not isinstance(value, dict):
+            raise ValueError(f"speculative_config must be a JSON object, not {type(value).__name__}")
+        known = {"method", "num_speculative_tokens", "prompt_lookup_max", "prompt_lookup_min", "model"}
+        unknown = set(value) - known
+        if unknown:
+            raise ValueError(f"speculative_config has unknown keys {sorted(unknown)}; known: {sorted(known)}")
+        method = value.get("method")
+        if method not in SPECULATIVE_METHODS:
+            raise ValueError(f"speculative_config method {method!r} is not supported; use one of "
+                             f"{list(SPECULATIVE_METHODS)}")
+        k = value.get("num_speculative_tokens")
+        if not isinstance(k, int) or k < 1:
+            raise ValueError(f"speculative_config num_speculative_tokens={k!r}: give an integer >= 1")
+        lo = value.get("prompt_lookup_min")
+        hi = value.get("prompt_lookup_max")
+        if lo is None and hi is not None:
+            lo = min(hi, _PROMPT_LOOKUP_MIN)
+        lo = _PROMPT_LOOKUP_MIN if lo is None else lo
+        hi = max(lo, _PROMPT_LOOKUP_MAX) if hi is None else hi
+        if not (isinstance(lo, int) and isinstance(hi, int) and 1 <= lo <= hi):
+            raise ValueError(f"speculative_config prompt_lookup_min={lo!r}, prompt_lookup_max={hi!r}: give "
+                             f"integers with 1 <= min <= max")
+        model = value.get("model")
+        if method == "draft_model" and not model:
+            raise ValueError('speculative_config method "draft_model" needs "model": the draft checkpoint '
+                             '(same tokenizer as the target)')
+        if method == "ngram" and model:
+            raise ValueError('speculative_config method "ngram" takes no "model"; use "draft_model" for a draft')
+        return cls(method, k, hi, lo, model)
+
+
 @dataclass(slots=True)
 class EngineConfig:
     model: ModelConfig
@@ -268,3 +332,4 @@ class EngineConfig:
     enable_pdl: bool  # the runner switches it on only where tachyon.kernels.pdl.supported
     max_n: int  # sequences one request may ask for (n), as OpenAI's API allows
     max_logprobs: int  # top logprobs one request may ask for per token, as vLLM's default
+    speculative: SpeculativeConfig | None = None

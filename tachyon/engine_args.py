@@ -23,6 +23,7 @@ from tachyon.config import (
     EngineConfig,
     ModelConfig,
     SchedulerConfig,
+    SpeculativeConfig,
     parse_dtype,
     parse_kv_cache_dtype,
     resolve_quantization,
@@ -81,12 +82,18 @@ class EngineArgs:
                                    "elsewhere)")
     max_n: int = _knob(128, "the largest n (choices per request) a request may ask for; more is a 400")
     max_logprobs: int = _knob(20, "the most top logprobs per token a request may ask for; more is a 400")
+    speculative_config: str | dict | None = _knob(
+        None, 'speculative decoding, as JSON: {"method": "ngram", "num_speculative_tokens": 4, '
+              '"prompt_lookup_max": 4, "prompt_lookup_min": 2} (prompt lookup) or {"method": "draft_model", '
+              '"model": DIR, "num_speculative_tokens": 4} (a smaller model with the same tokenizer). Requests with '
+              'penalties or logprobs decode without it')
 
     def __post_init__(self) -> None:
         if self.max_n < 1:
             raise ValueError(f"max_n={self.max_n}: it must be >= 1")
         if self.max_logprobs < 0:
             raise ValueError(f"max_logprobs={self.max_logprobs}: it must be >= 0")
+        SpeculativeConfig.parse(self.speculative_config)  # a bad value fails here, before anything loads
 
     @classmethod
     def field_names(cls) -> set[str]:
@@ -147,11 +154,13 @@ class EngineArgs:
             device=device, dtype=dtype, attention_backend=backend, enforce_eager=self.enforce_eager,
             mixed_cuda_graphs=self.mixed_cuda_graphs and graphs, seed=self.seed,
             enable_pdl=self.enable_pdl and backend == "triton", max_n=self.max_n, max_logprobs=self.max_logprobs,
+            speculative=SpeculativeConfig.parse(self.speculative_config),
         )
 
 
 def _value_type(hint: Any) -> type:
     """int for `int | None`, and so on: the type a flag's value is parsed as."""
     if isinstance(hint, types.UnionType) or typing.get_origin(hint) is typing.Union:
-        (hint,) = [a for a in typing.get_args(hint) if a is not type(None)]
+        args = [a for a in typing.get_args(hint) if a is not type(None)]
+        (hint,) = [str] if str in args else args  # `str | dict`: the command line gives text (JSON)
     return hint

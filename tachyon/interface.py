@@ -12,6 +12,11 @@ Both sides import this module and nothing of each other; `tachyon.build` wires t
 
 A scheduled sequence's last input token may be one a step still in flight samples (a placeholder): the runner
 takes it from that step's sampled ids on the device, so a step can be queued before the previous one lands.
+
+Speculative decoding is the same step: a decoding sequence is scheduled with 1 + k new tokens, its last known
+token and k proposed ones (`spec_token_ids`, from a `Proposer`); the runner verifies them in the one forward
+and answers how many proposals it accepted plus one token of its own (the correction, or the bonus token after
+k accepted). The scheduler then rolls the rejected positions back (tachyon.engine.scheduler).
 """
 
 from __future__ import annotations
@@ -26,6 +31,8 @@ class ScheduledSeq:
     start: int  # its computed tokens before this step: the step computes positions start .. start+n-1
     num_new_tokens: int
     sample: bool  # the step computes the sequence's last token, so a new one is sampled
+    # proposed tokens after its last known one (speculative decoding): the step verifies them
+    spec_token_ids: list[int] = field(default_factory=list)
 
 
 @dataclass
@@ -55,6 +62,9 @@ class ModelRunnerOutput:
     token_ids: list[int]
     logprobs: list[dict[int, float] | None]  # top-N and the sampled token's, for rows that asked
     sampled_logprobs: list[float | None]
+    # per row: how many of its proposed tokens were accepted (then token_ids[row] follows them); None: no row
+    # verified proposals this step
+    num_accepted: list[int] | None = None
 
 
 class ModelRunner(Protocol):
@@ -74,3 +84,14 @@ class ModelRunner(Protocol):
 
     def request_generator(self, seed: int) -> object:
         """A random generator for one seeded sequence, on the runner's device."""
+
+
+class Proposer(Protocol):
+    """Proposes tokens for decoding sequences to verify (tachyon.engine.ngram_proposer,
+    tachyon.worker.draft_proposer). The scheduler calls it once per step with the sequences that may speculate."""
+
+    # it writes KV at the proposed positions (a draft model): the scheduler allocates the step's blocks first
+    needs_slots: bool
+
+    def propose(self, seqs: list, max_tokens: list[int]) -> list[list[int]]:
+        """Up to max_tokens[i] tokens to follow seqs[i]'s tokens (all known on the host)."""

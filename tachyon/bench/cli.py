@@ -198,6 +198,7 @@ class _Slot:
         self.reqs = None
         self.pooled, self.duration, self.repeats = [], 0.0, []
         self.config, self.memory = None, None
+        self.spec: dict = {}  # speculative decoding counters summed over the iterations
 
     def as_run(self, pcts, slos) -> dict:
         from tachyon.bench.metrics import summarize
@@ -205,6 +206,8 @@ class _Slot:
         run = {"backend": self.name, "label": self.label, "concurrency": self.c, "num_requests": len(self.reqs),
                "config": self.config, "memory": self.memory,
                "metrics": summarize(self.pooled, self.duration, pcts, slos)}
+        if self.spec:
+            run["metrics"].update(spec_summary(self.spec))
         if len(self.repeats) > 1:
             run["repeats"] = self.repeats
         return run
@@ -257,7 +260,22 @@ def _iterate(backend, slot: _Slot, args, spec, command, it: int, iters: int, pct
     slot.repeats.append({k: one.get(k) for k in ("duration", "completed", "output_throughput", "median_ttft_ms",
                                                  "median_decode_tok_s") if k in one})
     slot.config, slot.memory = backend.config(), backend.memory()
+    for k, v in rr.extra.items():  # counters: summed over the iterations (lists element-wise)
+        old = slot.spec.get(k)
+        if old is None:
+            slot.spec[k] = list(v) if isinstance(v, list) else v
+        else:
+            slot.spec[k] = [a + b for a, b in zip(old, v, strict=True)] if isinstance(v, list) else old + v
     return rr.interrupted
+
+
+def spec_summary(spec: dict) -> dict:
+    """vLLM's speculative-decoding figures: acceptance rate (accepted / proposed tokens), mean acceptance length
+    (tokens per verifying step: accepted + 1), and the acceptance rate at each proposal position."""
+    drafts, proposed, accepted = spec["spec_num_drafts"], spec["spec_num_draft_tokens"], spec["spec_num_accepted_tokens"]
+    return {**spec, "spec_acceptance_rate": accepted / proposed if proposed else None,
+            "spec_mean_acceptance_length": 1 + accepted / drafts if drafts else None,
+            "spec_acceptance_per_pos": [n / drafts for n in spec["spec_accepted_per_pos"]] if drafts else None}
 
 
 def run_all(names: list[str], args, spec: WorkloadSpec, command: str, pcts, slos) -> tuple[list[dict], bool]:

@@ -21,6 +21,9 @@ _ROWS = [
     ("total_token_throughput", "Total token throughput (tok/s)"),
     ("max_output_tokens_per_s", "Peak output throughput (tok/s)"),
     ("median_decode_tok_s", "Median decode (tok/s, per request)"),
+    ("spec_acceptance_rate", "Spec decode acceptance rate"),
+    ("spec_mean_acceptance_length", "Spec decode mean acceptance length"),
+    ("spec_acceptance_per_pos", "Spec decode acceptance per position"),
 ]
 _NAMES = {"ttft": "TTFT", "tpot": "TPOT", "itl": "ITL", "e2el": "E2EL"}
 # For ratios: bigger is better for throughputs, smaller for latencies.
@@ -53,6 +56,8 @@ def _fmt(v) -> str:
         return str(v)
     if isinstance(v, int):
         return str(v)
+    if isinstance(v, list):
+        return " ".join(_fmt(x) for x in v)
     if isinstance(v, float):
         if math.isinf(v) or math.isnan(v):
             return str(v)

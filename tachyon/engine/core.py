@@ -35,7 +35,7 @@ from tachyon.engine.kv_cache import KVCacheManager
 from tachyon.engine.messages import EngineCoreOutput, EngineCoreRequest, EngineStats
 from tachyon.engine.scheduler import Scheduler
 from tachyon.engine.sequence import Sequence, SequenceGroup, SequenceStatus
-from tachyon.interface import ModelRunner, ModelRunnerOutput, SchedulerOutput
+from tachyon.interface import ModelRunner, ModelRunnerOutput, Proposer, SchedulerOutput
 from tachyon.outputs import RequestMetrics
 
 logger = logging.getLogger("tachyon")
@@ -54,12 +54,15 @@ def is_device_fault(e: BaseException) -> bool:
 
 
 class EngineCore:
-    def __init__(self, config: EngineConfig, runner: ModelRunner, num_blocks: int, num_cpu_blocks: int = 0):
+    def __init__(self, config: EngineConfig, runner: ModelRunner, num_blocks: int, num_cpu_blocks: int = 0,
+                 proposer: Proposer | None = None):
         self.config = config
         self.runner = runner
         self.kv = KVCacheManager(num_blocks, config.cache.block_size, config.cache.enable_prefix_caching,
                                  num_cpu_blocks=num_cpu_blocks)
-        self.scheduler = Scheduler(config.scheduler, self.kv)
+        spec = config.speculative
+        self.scheduler = Scheduler(config.scheduler, self.kv, proposer,
+                                   spec.num_speculative_tokens if spec is not None and proposer is not None else 0)
         self.groups: dict[str, SequenceGroup] = {}
         self.in_flight: deque[tuple[SchedulerOutput, object]] = deque()
         self._incoming: deque[EngineCoreRequest] = deque()
@@ -205,11 +208,11 @@ class EngineCore:
     def _finish_step(self, sched: SchedulerOutput, result: ModelRunnerOutput | None) -> list[EngineCoreOutput]:
         got, failed = self.scheduler.update(sched, result)
         self._stats.num_steps += 1
-        self._stats.generation_tokens += len(got)
         outputs = []
-        for seq, token, row in got:
-            lp = result.logprobs[row]
-            outputs.append(self._output(seq, [token], None if lp is None else [lp],
+        for seq, tokens, row in got:
+            self._stats.generation_tokens += len(tokens)
+            lp = result.logprobs[row]  # none for rows that verified proposals (tachyon.engine.scheduler.may_speculate)
+            outputs.append(self._output(seq, tokens, None if lp is None else [lp],
                                         None if lp is None else [result.sampled_logprobs[row]]))
         for seq, e in failed:
             outputs += self._fail(seq.request_id, e)
@@ -261,6 +264,9 @@ class EngineCore:
         s.prefix_cache_queries, s.prefix_cache_hits = kv.prefix_queries, kv.prefix_hits
         s.num_preemptions, s.num_swapped_out, s.num_recomputed = (sch.num_preemptions, sch.num_swapped_out,
                                                                    sch.num_recomputed)
+        s.spec_num_drafts, s.spec_num_draft_tokens = sch.spec_num_drafts, sch.spec_num_draft_tokens
+        s.spec_num_accepted_tokens, s.spec_accepted_per_pos = (sch.spec_num_accepted_tokens,
+                                                               tuple(sch.spec_accepted_per_pos))
         return EngineStats(*(getattr(s, f) for f in EngineStats.__slots__))
 
     def live_sequences(self) -> list[Sequence]:

@@ -17,16 +17,17 @@ from tachyon.engine.core import EngineCore
 from tachyon.engine.messages import EngineStats
 from tachyon.engine.output_processor import OutputProcessor
 from tachyon.engine.validation import validate_request
-from tachyon.interface import ModelRunner
+from tachyon.interface import ModelRunner, Proposer
 from tachyon.outputs import RequestOutput
 from tachyon.sampling_params import SamplingParams
 
 
 class LLMEngine:
-    def __init__(self, config: EngineConfig, tokenizer, runner: ModelRunner, num_blocks: int, num_cpu_blocks: int = 0):
+    def __init__(self, config: EngineConfig, tokenizer, runner: ModelRunner, num_blocks: int, num_cpu_blocks: int = 0,
+                 proposer: Proposer | None = None):
         self.config = config
         self.tokenizer = tokenizer
-        self.core = EngineCore(config, runner, num_blocks, num_cpu_blocks)
+        self.core = EngineCore(config, runner, num_blocks, num_cpu_blocks, proposer)
         self.processor = OutputProcessor(tokenizer)
         self.num_kv_blocks = self.core.kv.num_blocks
 

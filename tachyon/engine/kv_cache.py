@@ -190,6 +190,18 @@ class KVCacheManager:
             req.block_ids.append(self.pool.allocate().block_id)
         return True
 
+    def shrink(self, req: Sequence, num_tokens: int) -> None:
+        """Keep only the blocks that num_tokens tokens need; give back the tail (rejected speculative tokens,
+        or proposals a step did not use). A kept block's stale slots are written again before anything reads them.
+
+            before:  [block 7: 12 valid][block 2: 3 valid, 1 rejected][block 9: 4 rejected]
+            shrink(num_tokens=15) ─► [block 7][block 2]           block 9 back to the pool
+        """
+        keep = self.blocks_needed(num_tokens)
+        assert keep >= req.num_registered_blocks, "a block named in the prefix cache holds computed tokens"
+        while len(req.block_ids) > keep:
+            self.pool.release(req.block_ids.pop())
+
     def free(self, req: Sequence) -> None:
         """Give back every block req holds, on the device and in the swap space."""
         # Tail blocks first, so they are evicted before the prefix blocks other requests are likelier to reuse.

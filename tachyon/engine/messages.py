@@ -54,3 +54,14 @@ class EngineStats:
     generation_tokens: int = 0
     num_steps: int = 0
     num_failed_requests: int = 0
+    # speculative decoding (vLLM's spec_decode counters): sequence-steps that verified proposals, tokens proposed,
+    # tokens accepted, and accepted tokens at each proposal position 0 .. k-1
+    spec_num_drafts: int = 0
+    spec_num_draft_tokens: int = 0
+    spec_num_accepted_tokens: int = 0
+    spec_accepted_per_pos: tuple[int, ...] = ()
+
+    @property
+    def spec_acceptance_rate(self) -> float | None:
+        """Accepted over proposed tokens (None before any proposal)."""
+        return self.spec_num_accepted_tokens / self.spec_num_draft_tokens if self.spec_num_draft_tokens else None

@@ -135,6 +135,8 @@ class OutputProcessor:
         stopped = False
         sp = st.sampling_params
         for k, token in enumerate(o.new_token_ids):
+            if stopped:  # a stop string ended it: the delta's later tokens (verified proposals) are dropped
+                break
             ss.token_ids.append(token)
             if o.new_logprobs is not None and ss.logprobs is not None:
                 ss.logprobs.append(o.new_logprobs[k])

@@ -13,6 +13,17 @@ the scheduler answers `sync` and the engine lets the steps in flight land:
                                                             are freed and it recomputes later, or its KV is
                                                             swapped out to the CPU)
     a sequence's sampling reads its own history         ─► penalties: it runs with nothing else in flight
+    a sequence speculates                               ─► its proposals continue its known tokens
+
+Speculative decoding (a `Proposer` given): a decoding sequence whose tokens are all on the host gets up to k
+proposed tokens after its last one, inside the same budget, and the step verifies them. Its update appends the
+accepted proposals and the runner's own token one at a time (each may stop it), and rolls the rejected
+positions back: `num_computed_tokens` drops by their number and the KV-cache manager takes back the blocks
+only they used.
+
+    step:    inputs  [x  d1 d2 d3]   positions L-1 .. L+2 computed (1 + k = 4 new tokens)
+    result:  d1 accepted, d2 rejected, t = the target's token in d2's place
+    after:   tokens  [.. x d1 t]     num_computed_tokens = L + 1 (x and d1); d2 and d3's slots are stale
 """
 
 from __future__ import annotations
@@ -23,7 +34,7 @@ from collections import deque
 from tachyon.config import SchedulerConfig
 from tachyon.engine.kv_cache import KVCacheManager
 from tachyon.engine.sequence import Sequence, SequenceStatus
-from tachyon.interface import ModelRunnerOutput, ScheduledSeq, SchedulerOutput
+from tachyon.interface import ModelRunnerOutput, Proposer, ScheduledSeq, SchedulerOutput
 
 
 def reads_history(seq: Sequence) -> bool:
@@ -32,15 +43,30 @@ def reads_history(seq: Sequence) -> bool:
     return sp.repetition_penalty != 1.0 or sp.presence_penalty != 0.0 or sp.frequency_penalty != 0.0
 
 
+def may_speculate(seq: Sequence) -> bool:
+    """Whether a sequence's decodes may verify proposals: not when its sampling reads its history (penalties),
+    nor when it asks for logprobs (the verification reports none)."""
+    return not reads_history(seq) and seq.sampling_params.logprobs is None
+
+
 class Scheduler:
-    def __init__(self, config: SchedulerConfig, kv: KVCacheManager):
+    def __init__(self, config: SchedulerConfig, kv: KVCacheManager, proposer: Proposer | None = None,
+                 num_speculative_tokens: int = 0):
         self.config = config
         self.kv = kv
+        self.proposer = proposer
+        self.num_speculative_tokens = num_speculative_tokens if proposer is not None else 0
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.num_preemptions = 0
         self.num_swapped_out = 0
         self.num_recomputed = 0
+        # speculative decoding, as vLLM counts it: verified sequence-steps, proposed and accepted tokens, and
+        # how often the proposal at each position (0 .. k-1) was accepted
+        self.spec_num_drafts = 0
+        self.spec_num_draft_tokens = 0
+        self.spec_num_accepted_tokens = 0
+        self.spec_accepted_per_pos = [0] * self.num_speculative_tokens
 
     def add(self, seq: Sequence) -> None:
         self.waiting.append(seq)
@@ -56,17 +82,24 @@ class Scheduler:
         budget = self.config.max_num_batched_tokens
         history = False
         max_len = self.config.max_model_len
+        late: list[tuple[ScheduledSeq, int]] = []  # speculating sequences a proposer that writes KV serves last
         i = 0
         while i < len(self.running) and budget > 0:
             seq = self.running[i]
             if seq.num_pending_tokens and (seq.num_remaining_tokens <= 0 or seq.num_tokens >= max_len):
                 i += 1  # its last token is being sampled: nothing left to compute
                 continue
-            if reads_history(seq):
+            n = min(seq.num_tokens - seq.num_computed_tokens, budget)
+            sample = seq.num_computed_tokens + n == seq.num_tokens
+            k = self._spec_cap(seq, budget) if seq.num_tokens - seq.num_computed_tokens == 1 else 0
+            if reads_history(seq) or k:
                 if seq.num_pending_tokens:
                     return SchedulerOutput(sync=True)
                 history = True
-            n = min(seq.num_tokens - seq.num_computed_tokens, budget)
+            drafts = []
+            if k and not self.proposer.needs_slots:  # proposals first, so only the tokens proposed get blocks
+                drafts = self.proposer.propose([seq], [k])[0][:k]
+            n += k if k and self.proposer.needs_slots else len(drafts)
             while not self.kv.allocate(seq, n):
                 if num_in_flight:
                     return SchedulerOutput(sync=True)
@@ -75,11 +108,15 @@ class Scheduler:
                 if victim is seq:
                     break
             else:
-                out.seqs.append(ScheduledSeq(seq, seq.num_computed_tokens, n, seq.num_computed_tokens + n == seq.num_tokens))
+                sched = ScheduledSeq(seq, seq.num_computed_tokens, n, sample, drafts)
+                out.seqs.append(sched)
+                if k and self.proposer.needs_slots:
+                    late.append((sched, k))
                 budget -= n
                 i += 1
                 continue
             break
+        budget += self._propose_late(late)
         if not out.preempted:
             history |= self._admit(out, budget)
         for s in out.seqs:  # the step is decided: its tokens count as computed, its samples as pending
@@ -89,6 +126,28 @@ class Scheduler:
         if not (history or out.preempted or out.swap_in):
             out.max_in_flight = self.config.num_scheduler_steps - 1
         return out
+
+    def _spec_cap(self, seq: Sequence, budget: int) -> int:
+        """How many proposals a decode of seq may verify: k, within its max_tokens, the context and the budget
+        (the step gives it at most 1 + k tokens: the accepted proposals and the target's own)."""
+        if not self.num_speculative_tokens or not may_speculate(seq):
+            return 0
+        room = min(seq.num_remaining_tokens, self.config.max_model_len - seq.num_tokens, budget) - 1
+        return max(0, min(self.num_speculative_tokens, room))
+
+    def _propose_late(self, late: list[tuple[ScheduledSeq, int]]) -> int:
+        """A proposer that writes KV (a draft model) proposes for the step's speculating sequences in one call,
+        their blocks already allocated; tokens and blocks it did not use go back. Returns the unused budget."""
+        if not late:
+            return 0
+        drafts = self.proposer.propose([s.seq for s, _ in late], [k for _, k in late])
+        unused = 0
+        for (s, k), d in zip(late, drafts, strict=True):
+            s.spec_token_ids = list(d[:k])
+            unused += k - len(s.spec_token_ids)
+            s.num_new_tokens = 1 + len(s.spec_token_ids)
+            self.kv.shrink(s.seq, s.start + s.num_new_tokens)
+        return unused
 
     def _admit(self, out: SchedulerOutput, budget: int) -> bool:
         """Waiting sequences in arrival order while the budget lasts; whether one reads its history."""
@@ -151,7 +210,7 @@ class Scheduler:
     def update(self, out: SchedulerOutput, result: ModelRunnerOutput | None
                ) -> tuple[list[tuple[Sequence, int, int]], list[tuple[Sequence, Exception]]]:
         """A collected step: append its sampled tokens, name newly full blocks, stop finished sequences.
-        Returns (sequence, token, row in result) for those that got a token, and those whose update raised
+        Returns (sequence, new tokens, row in result) for those that got tokens, and those whose update raised
         (the engine fails them; the rest go on)."""
         now = time.monotonic()
         sampled = {} if result is None else {id(s): i for i, s in enumerate(result.seqs)}
@@ -162,11 +221,11 @@ class Scheduler:
             if seq.is_finished:  # aborted, stopped or failed while the step ran
                 continue
             try:
+                stop = None
                 if s.sample:
                     seq.num_pending_tokens -= 1
                     row = sampled[id(seq)]
-                    token = result.token_ids[row]
-                    seq.token_ids.append(token)
+                    tokens, stop = self._append_tokens(s, result, row)
                 if min(seq.num_computed_tokens, len(seq.token_ids)) >= (seq.num_registered_blocks + 1) * bs:
                     self.kv.cache_computed_blocks(seq)  # a block just filled up
                 if not s.sample:
@@ -176,23 +235,49 @@ class Scheduler:
                 seq.metrics.last_token_time = now
                 if seq.pending_forks:
                     self._fork(seq)
-                got.append((seq, token, row))
-                self._check_token_stop(seq, token)
+                got.append((seq, tokens, row))
+                if stop is not None:
+                    self.finish(seq, stop)
             except Exception as e:
                 failed.append((seq, e))
         return got, failed
 
-    def _check_token_stop(self, seq: Sequence, token: int) -> None:
+    def _append_tokens(self, s: ScheduledSeq, result: ModelRunnerOutput, row: int
+                       ) -> tuple[list[int], SequenceStatus | None]:
+        """The step's new tokens for one sequence (accepted proposals, then the runner's token), appended one at
+        a time until one stops it; rejected proposals' positions rolled back first. Returns (tokens, stop)."""
+        seq = s.seq
+        tokens = [result.token_ids[row]]
+        if s.spec_token_ids:
+            k, accepted = len(s.spec_token_ids), result.num_accepted[row]
+            self.spec_num_drafts += 1
+            self.spec_num_draft_tokens += k
+            self.spec_num_accepted_tokens += accepted
+            for pos in range(accepted):
+                self.spec_accepted_per_pos[pos] += 1
+            tokens = s.spec_token_ids[:accepted] + tokens
+            seq.num_computed_tokens -= k - accepted
+            self.kv.shrink(seq, seq.num_computed_tokens)
+        for n, token in enumerate(tokens, 1):
+            seq.token_ids.append(token)
+            stop = self._token_stop(seq, token)
+            if stop is not None:
+                return tokens[:n], stop
+        return tokens, None
+
+    def _token_stop(self, seq: Sequence, token: int) -> SequenceStatus | None:
+        """Whether the token just appended ends the sequence, and how."""
         sp = seq.sampling_params
         n_out = seq.num_output_tokens
         if n_out >= sp.min_tokens:
             if not sp.ignore_eos and token in seq.eos_token_ids:
-                return self.finish(seq, SequenceStatus.FINISHED_STOPPED)
+                return SequenceStatus.FINISHED_STOPPED
             if token in sp.stop_token_ids:
                 seq.stop_reason = token
-                return self.finish(seq, SequenceStatus.FINISHED_STOPPED)
+                return SequenceStatus.FINISHED_STOPPED
         if n_out >= seq.max_tokens or len(seq.token_ids) >= self.config.max_model_len:
-            self.finish(seq, SequenceStatus.FINISHED_LENGTH)
+            return SequenceStatus.FINISHED_LENGTH
+        return None
 
     def _fork(self, parent: Sequence) -> None:
         """n > 1: the siblings share the parent's full prompt blocks and compute only the rest."""

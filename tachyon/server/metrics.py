@@ -79,6 +79,18 @@ class EngineCollector:
                         st.prompt_tokens)
         yield self._one(CounterMetricFamily("tachyon:generation_tokens", "Tokens generated.", labels=m),
                         st.generation_tokens)
+        yield self._one(CounterMetricFamily("tachyon:spec_decode_num_drafts", "Sequence-steps that verified "
+                                            "proposed tokens (speculative decoding).", labels=m), st.spec_num_drafts)
+        yield self._one(CounterMetricFamily("tachyon:spec_decode_num_draft_tokens", "Proposed tokens verified.",
+                                            labels=m), st.spec_num_draft_tokens)
+        yield self._one(CounterMetricFamily("tachyon:spec_decode_num_accepted_tokens", "Proposed tokens accepted.",
+                                            labels=m), st.spec_num_accepted_tokens)
+        per_pos = CounterMetricFamily("tachyon:spec_decode_num_accepted_tokens_per_pos", "Proposed tokens accepted "
+                                      "at each proposal position (0 = the first after the last known token).",
+                                      labels=m + ["position"])
+        for pos, n in enumerate(st.spec_accepted_per_pos):
+            per_pos.add_metric([self.model_name, str(pos)], n)
+        yield per_pos
 
 
 @dataclass

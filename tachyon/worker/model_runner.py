@@ -4,6 +4,10 @@ the sampled tokens over when the host collects them (the runner side of tachyon.
 Decodes (one new token) go first in the batch, then prefill chunks, as the attention kernels expect. A
 decode whose input token is still being sampled by a step in flight reads it from that step's ids on the
 device, so steps are queued back to back without the host in between.
+
+A sequence that speculates (1 + k new tokens: its last token and k proposals) sits with the prefill chunks: its
+k + 1 positions give k + 1 rows of logits, which tachyon.worker.spec_decode verifies. With CUDA graphs such a
+step is not a pure decode, so it replays the piecewise graphs (any token count) or runs eagerly without them.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from tachyon.layers.attention import AttentionMetadata, get_attention_backend
 from tachyon.models.loader import iter_weights, random_weights_
 from tachyon.models.registry import model_class
 from tachyon.worker.sampler import DeviceSample, Sampler
+from tachyon.worker.spec_decode import verify
 
 logger = logging.getLogger("tachyon")
 
@@ -42,6 +47,8 @@ class StepInputs:
     sample_reqs: list
     num_outputs: list[int]  # per sampled row: output tokens before the one it samples
     placeholders: list[tuple[int, object]]  # (token index in the batch, sequence) whose id is on the device
+    # the last len(drafts) sampled rows verify these proposals (k + 1 logits rows each, after the others' one)
+    drafts: list[list[int]]
 
 
 @dataclass
@@ -51,6 +58,7 @@ class _InFlight:
     reqs: list
     sample: DeviceSample | None  # on the host side: pinned copies (CUDA) or the tensors themselves (CPU)
     event: torch.cuda.Event | None
+    num_accepted: torch.Tensor | None = None  # per sampled row (speculative decoding), beside `sample`
 
 
 class ModelRunner:
@@ -167,7 +175,9 @@ class ModelRunner:
                 toks = s.seq.token_ids
                 known = max(0, min(n, len(toks) - st))
                 input_ids[o:o + known] = toks[st:st + known]
-                if known < n:  # only a decode's single token can be pending (a step in flight samples it)
+                if s.spec_token_ids:  # its last known token, then the proposals
+                    input_ids[o + known:o + n] = s.spec_token_ids
+                elif known < n:  # only a decode's single token can be pending (a step in flight samples it)
                     assert n - known == 1, "a step's input may lack at most its last token"
                     placeholders.append((o + known, s.seq))
                 positions[o:o + n] = np.arange(st, st + n)
@@ -176,15 +186,21 @@ class ModelRunner:
         slots = block_tables[seq_idx, positions // bs].astype(np.int64) * bs + positions % bs
         qsl = np.zeros(S + 1, dtype=np.int32)
         np.cumsum(q_lens, out=qsl[1:])
-        sample = [i for i, s in enumerate(ordered) if s.sample]
+        sample = [i for i, s in enumerate(ordered) if s.sample and not s.spec_token_ids]
+        spec = [i for i, s in enumerate(ordered) if s.spec_token_ids]
+        logits_indices = qsl[1:][sample] - 1
+        if spec:  # every verified position of a speculating sequence, after the plain rows
+            logits_indices = np.concatenate([logits_indices] + [
+                np.arange(qsl[i + 1] - 1 - len(ordered[i].spec_token_ids), qsl[i + 1]) for i in spec])
+        sample += spec
         return StepInputs(
             input_ids=input_ids, positions=positions, slot_mapping=slots, query_start_loc=qsl,
             seq_lens=(starts + q_lens).astype(np.int32), block_tables=block_tables, num_decodes=num_decodes,
-            q_lens=q_lens.tolist(), logits_indices=(qsl[1:][sample] - 1).astype(np.int64),
+            q_lens=q_lens.tolist(), logits_indices=logits_indices.astype(np.int64),
             sample_reqs=[ordered[i].seq for i in sample],
-            num_outputs=[ordered[i].start + ordered[i].num_new_tokens - ordered[i].seq.num_prompt_tokens
-                         for i in sample],
-            placeholders=placeholders)
+            num_outputs=[ordered[i].start + ordered[i].num_new_tokens - len(ordered[i].spec_token_ids)
+                         - ordered[i].seq.num_prompt_tokens for i in sample],
+            placeholders=placeholders, drafts=[ordered[i].spec_token_ids for i in spec])
 
     def _to_device(self, a: np.ndarray) -> torch.Tensor:
         t = torch.from_numpy(a)
@@ -243,20 +259,37 @@ class ModelRunner:
             logits = self.model.compute_logits(hidden[self._to_device(x.logits_indices)]) if x.sample_reqs else None
         handle = _InFlight(x.sample_reqs, None, None)
         if x.sample_reqs:
-            sample = self.sampler.sample(logits, x.sample_reqs, x.num_outputs)
+            sample, num_accepted = self._sample(logits, x)
             for row, seq in enumerate(x.sample_reqs):
                 self._sampled_on_device[seq] = (sample.token_ids, row)
             if self.device.type == "cuda":  # the copies and their event queue right behind this step's sampling
-                host = [torch.empty(t.shape, dtype=t.dtype, pin_memory=True) for t in sample.tensors()]
-                for h, t in zip(host, sample.tensors(), strict=True):
+                dev = sample.tensors() + ([num_accepted] if num_accepted is not None else [])
+                host = [torch.empty(t.shape, dtype=t.dtype, pin_memory=True) for t in dev]
+                for h, t in zip(host, dev, strict=True):
                     h.copy_(t, non_blocking=True)
+                if num_accepted is not None:
+                    num_accepted = host.pop()
                 handle.sample = sample.with_tensors(host)
                 handle.event = torch.cuda.Event()
                 handle.event.record()
             else:
                 handle.sample = sample
+            handle.num_accepted = num_accepted
         self._in_flight.append(handle)
         return handle
+
+    def _sample(self, logits: torch.Tensor, x: StepInputs) -> tuple[DeviceSample, torch.Tensor | None]:
+        """The step's sampling: plain rows by the sampler, then the speculating sequences' verification
+        (their tokens after the plain rows' ids, no logprobs). Also how many proposals each row accepted."""
+        if not x.drafts:
+            return self.sampler.sample(logits, x.sample_reqs, x.num_outputs), None
+        n_plain = len(x.sample_reqs) - len(x.drafts)
+        plain = self.sampler.sample(logits[:n_plain], x.sample_reqs[:n_plain], x.num_outputs[:n_plain])
+        tokens, accepted = verify(self.sampler, logits[n_plain:], x.sample_reqs[n_plain:], x.drafts,
+                                  x.num_outputs[n_plain:])
+        sample = DeviceSample(torch.cat([plain.token_ids, tokens]), plain.want_logprobs + [None] * len(x.drafts),
+                              plain.chosen, plain.top_vals, plain.top_ids)
+        return sample, torch.cat([torch.zeros(n_plain, dtype=accepted.dtype, device=accepted.device), accepted])
 
     def collect(self, handle: _InFlight) -> ModelRunnerOutput | None:
         """The sampled tokens of a submitted step (the oldest one not yet collected); waits for it to land."""
@@ -267,7 +300,8 @@ class ModelRunner:
         if handle.event is not None:
             handle.event.synchronize()
         out = handle.sample.to_output()
-        return ModelRunnerOutput(handle.reqs, out.token_ids, out.logprobs, out.sampled_logprobs)
+        accepted = handle.num_accepted.tolist() if handle.num_accepted is not None else None
+        return ModelRunnerOutput(handle.reqs, out.token_ids, out.logprobs, out.sampled_logprobs, accepted)
 
     def drop_in_flight(self) -> None:
         """Forget every step not yet collected (after a failure the engine cannot pin on one request)."""

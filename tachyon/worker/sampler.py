@@ -83,11 +83,7 @@ class Sampler:
                       num_outputs: list[int] | None = None) -> torch.Tensor:
         """The sampled ids as a device tensor [S] (no host sync). num_outputs: each row's output tokens before
         the one sampled now (default: those its sequence knows; a step queued ahead counts pending ones)."""
-        logits = logits[:, : self.vocab_size]
-        logits = self._apply_penalties(logits, reqs)
-        if num_outputs is None:
-            num_outputs = [r.num_output_tokens for r in reqs]
-        logits = self._mask_stop_before_min_tokens(logits, reqs, num_outputs)
+        logits = self.process_logits(logits, reqs, num_outputs)
         greedy = [r.sampling_params.greedy for r in reqs]
         if all(greedy):
             return logits.argmax(dim=-1)
@@ -114,6 +110,15 @@ class Sampler:
         return self.sample(logits, reqs, num_outputs).to_output()
 
     # -- logits processing ----------------------------------------------------------------------------------
+    def process_logits(self, logits: torch.Tensor, reqs: list[Sequence], num_outputs: list[int] | None = None
+                       ) -> torch.Tensor:
+        """Penalties, and stop tokens masked before min_tokens (num_outputs: as in sample_tokens)."""
+        logits = logits[:, : self.vocab_size]
+        logits = self._apply_penalties(logits, reqs)
+        if num_outputs is None:
+            num_outputs = [r.num_output_tokens for r in reqs]
+        return self._mask_stop_before_min_tokens(logits, reqs, num_outputs)
+
     def _apply_penalties(self, logits: torch.Tensor, reqs: list[Sequence]) -> torch.Tensor:
         rows = [i for i, r in enumerate(reqs) if (r.sampling_params.repetition_penalty != 1.0
                                                   or r.sampling_params.presence_penalty != 0.0
@@ -153,7 +158,17 @@ class Sampler:
         return logits
 
     def _sample_random(self, logits: torch.Tensor, reqs: list[Sequence], greedy: list[bool]) -> torch.Tensor:
-        S, V = logits.shape
+        probs = self.target_probs(logits, reqs, greedy)
+        tokens = (probs / self.exponential_noise(probs, reqs)).argmax(dim=-1)
+        if any(greedy):
+            g = torch.tensor(greedy, device=logits.device)
+            tokens = torch.where(g, logits.argmax(dim=-1), tokens)
+        return tokens
+
+    def target_probs(self, logits: torch.Tensor, reqs: list[Sequence], greedy: list[bool]) -> torch.Tensor:
+        """[S, V] the distribution each row samples from: temperature, then top-k, top-p and min-p (greedy rows
+        at temperature 1; their caller takes the argmax). Rows with top-p or min-p are left unnormalised."""
+        V = logits.shape[1]
         params = [r.sampling_params for r in reqs]
         dev = logits.device
         temp = torch.tensor([1.0 if g else sp.temperature for g, sp in zip(greedy, params, strict=True)], device=dev)
@@ -176,18 +191,21 @@ class Sampler:
         if any(m > 0 for m in min_p):
             m_t = torch.tensor(min_p, device=dev).view(-1, 1)
             probs = probs.masked_fill(probs < m_t * probs.max(dim=-1, keepdim=True).values, 0.0)
-        q = torch.empty_like(probs)
+        return probs
+
+    def exponential_noise(self, like: torch.Tensor, reqs: list[Sequence]) -> torch.Tensor:
+        """Exp(1) draws shaped like `like` [S, ...]: a seeded row's from its own generator, the rest from the
+        sampler's (argmax(p / q) then picks i with probability p_i / sum p)."""
+        S = like.shape[0]
+        q = torch.empty_like(like)
         unseeded = [i for i, r in enumerate(reqs) if r.generator is None]
         if unseeded:
             if len(unseeded) == S:
                 q.exponential_(generator=self.generator)
             else:
-                q[unseeded] = torch.empty(len(unseeded), V, device=dev).exponential_(generator=self.generator)
+                q[unseeded] = torch.empty((len(unseeded), *like.shape[1:]), device=like.device,
+                                          dtype=like.dtype).exponential_(generator=self.generator)
         for i, r in enumerate(reqs):
             if r.generator is not None:
                 q[i].exponential_(generator=r.generator)
-        tokens = (probs / q).argmax(dim=-1)
-        if any(greedy):
-            g = torch.tensor(greedy, device=dev)
-            tokens = torch.where(g, logits.argmax(dim=-1), tokens)
-        return tokens
+        return q

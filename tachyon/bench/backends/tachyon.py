@@ -46,6 +46,7 @@ class TachyonBackend(Backend):
             eng.validate(r.prompt_token_ids, SamplingParams(temperature=0.0, max_tokens=r.output_len,
                                                             ignore_eos=True))
         ids = {}
+        before = eng.stats()
         t0 = now()
         arrival = time.monotonic()
         for i, r in enumerate(reqs):
@@ -86,7 +87,7 @@ class TachyonBackend(Backend):
                     eng.step()
             except Exception:
                 pass
-        return RunResult(results, now() - t0, t0, interrupted)
+        return RunResult(results, now() - t0, t0, interrupted, spec_counters(before, eng.stats()))
 
     def config(self) -> dict:
         c = self.engine.config
@@ -101,3 +102,16 @@ class TachyonBackend(Backend):
 
     def close(self) -> None:
         self.engine = None
+
+
+def spec_counters(before, after) -> dict:
+    """Speculative decoding during one run (EngineStats before and after): drafts, proposed and accepted tokens,
+    accepted per position; empty when nothing was proposed."""
+    drafts = after.spec_num_drafts - before.spec_num_drafts
+    if not drafts:
+        return {}
+    return {"spec_num_drafts": drafts,
+            "spec_num_draft_tokens": after.spec_num_draft_tokens - before.spec_num_draft_tokens,
+            "spec_num_accepted_tokens": after.spec_num_accepted_tokens - before.spec_num_accepted_tokens,
+            "spec_accepted_per_pos": [a - b for a, b in zip(after.spec_accepted_per_pos, before.spec_accepted_per_pos,
+                                                            strict=True)]}
