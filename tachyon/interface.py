@@ -55,6 +55,7 @@ class ModelRunnerOutput:
     token_ids: list[int]
     logprobs: list[dict[int, float] | None]  # top-N and the sampled token's, for rows that asked
     sampled_logprobs: list[float | None]
+    sampled_ranks: list[int | None] | None = None  # rows that asked for logprobs: the sampled token's rank
 
 
 class ModelRunner(Protocol):

@@ -209,8 +209,11 @@ class EngineCore:
         outputs = []
         for seq, token, row in got:
             lp = result.logprobs[row]
-            outputs.append(self._output(seq, [token], None if lp is None else [lp],
-                                        None if lp is None else [result.sampled_logprobs[row]]))
+            out = self._output(seq, [token], None if lp is None else [lp],
+                               None if lp is None else [result.sampled_logprobs[row]])
+            if lp is not None and result.sampled_ranks is not None:
+                out.new_sampled_ranks = [result.sampled_ranks[row]]
+            outputs.append(out)
         for seq, e in failed:
             outputs += self._fail(seq.request_id, e)
         for seq, _, _ in got:

@@ -257,7 +257,7 @@ class ModelRunner:
         if handle.event is not None:
             handle.event.synchronize()
         out = handle.sample.to_output()
-        return ModelRunnerOutput(handle.reqs, out.token_ids, out.logprobs, out.sampled_logprobs)
+        return ModelRunnerOutput(handle.reqs, out.token_ids, out.logprobs, out.sampled_logprobs, out.sampled_ranks)
 
     def drop_in_flight(self) -> None:
         """Forget every step not yet collected (after a failure the engine cannot pin on one request)."""

@@ -24,6 +24,7 @@ class SamplerOutput:
     # per row: {token_id: logprob} of the top-N and the sampled token, or None
     logprobs: list[dict[int, float] | None]
     sampled_logprobs: list[float | None]
+    sampled_ranks: list[int | None]  # 1 + how many tokens were more likely than the sampled one
 
 
 @dataclass
@@ -35,15 +36,16 @@ class DeviceSample:
     chosen: torch.Tensor | None = None  # [S] logprob of each sampled token
     top_vals: torch.Tensor | None = None  # [S, k]
     top_ids: torch.Tensor | None = None
+    ranks: torch.Tensor | None = None  # [S] rank of each sampled token (1 = the most likely)
 
     def tensors(self) -> list[torch.Tensor]:
-        return [t for t in (self.token_ids, self.chosen, self.top_vals, self.top_ids) if t is not None]
+        return [t for t in (self.token_ids, self.chosen, self.top_vals, self.top_ids, self.ranks) if t is not None]
 
     def with_tensors(self, ts: list[torch.Tensor]) -> DeviceSample:
         it = iter(ts)
         pick = lambda t: None if t is None else next(it)  # noqa: E731
         return DeviceSample(pick(self.token_ids), self.want_logprobs, pick(self.chosen), pick(self.top_vals),
-                            pick(self.top_ids))
+                            pick(self.top_ids), pick(self.ranks))
 
     def to_output(self) -> SamplerOutput:
         """The host lists (waits for the device if the tensors live there)."""
@@ -51,8 +53,10 @@ class DeviceSample:
         S = len(token_list)
         out_lp: list[dict[int, float] | None] = [None] * S
         sampled_lp: list[float | None] = [None] * S
+        sampled_rank: list[int | None] = [None] * S
         if self.chosen is not None:
             chosen = self.chosen.tolist()
+            ranks = self.ranks.tolist()
             top_vals = self.top_vals.tolist() if self.top_vals is not None else None
             top_ids = self.top_ids.tolist() if self.top_ids is not None else None
             for i, n in enumerate(self.want_logprobs):
@@ -64,7 +68,8 @@ class DeviceSample:
                         d.setdefault(tid, v)
                 out_lp[i] = d
                 sampled_lp[i] = chosen[i]
-        return SamplerOutput(token_list, out_lp, sampled_lp)
+                sampled_rank[i] = ranks[i]
+        return SamplerOutput(token_list, out_lp, sampled_lp, sampled_rank)
 
 
 class Sampler:
@@ -107,6 +112,7 @@ class Sampler:
             if k > 0:
                 out.top_vals, out.top_ids = raw_logprobs.topk(k, dim=-1)
             out.chosen = raw_logprobs.gather(1, tokens.view(-1, 1)).squeeze(1)
+            out.ranks = (raw_logprobs > out.chosen.unsqueeze(1)).sum(dim=-1) + 1
         return out
 
     def __call__(self, logits: torch.Tensor, reqs: list[Sequence], num_outputs: list[int] | None = None
