@@ -104,6 +104,7 @@ class LLM:
         for p, sp in zip(prompts, params):
             text, ids = self._to_token_ids(p)
             sp.verify()
+            sp.resolve_bad_words(self.engine.tokenizer)
             self.engine.validate(ids, sp)
             requests.append((text, ids, sp))
         order = []

@@ -27,8 +27,6 @@ UNSUPPORTED = {
     "function_call": "function calling is not supported yet",
     "prompt_logprobs": "prompt logprobs are not supported",
     "logits_processors": "logits processors are not supported",
-    "allowed_token_ids": "allowed_token_ids is not supported",
-    "bad_words": "bad_words is not supported",
     "use_beam_search": "beam search is not supported",
     "length_penalty": "length_penalty (beam search) is not supported",
     "truncate_prompt_tokens": "truncate_prompt_tokens is not supported: shorten the prompt",
@@ -83,7 +81,9 @@ class _SamplingFields(_Strict):
     stream: bool = False
     stream_options: StreamOptions | None = None
     best_of: int | None = None
-    logit_bias: dict[str, float] | None = None
+    logit_bias: dict[str, float] | None = None  # token id (as a string, as OpenAI sends it) -> bias
+    allowed_token_ids: list[int] | None = None  # vLLM's
+    bad_words: list[str] | None = None  # vLLM's
     response_format: dict[str, Any] | None = None  # only {"type": "text"} (the default) is served
     # accepted and ignored: they change nothing about the answer
     user: str | None = None

@@ -133,8 +133,6 @@ class OpenAIServing:
                          names: dict[str, str] | None = None) -> SamplingParams:
         if req.best_of is not None and req.best_of != req.n:
             raise APIError(400, "best_of other than n is not supported", "best_of")
-        if req.logit_bias:
-            raise APIError(400, "logit_bias is not supported", "logit_bias")
         if req.response_format is not None and req.response_format != {"type": "text"}:
             raise APIError(400, "response_format other than {\"type\": \"text\"} is not supported yet "
                                 "(structured outputs)", "response_format")
@@ -148,7 +146,11 @@ class OpenAIServing:
                 stop_token_ids=req.stop_token_ids, ignore_eos=req.ignore_eos, max_tokens=max_tokens,
                 min_tokens=req.min_tokens, logprobs=logprobs, skip_special_tokens=req.skip_special_tokens,
                 include_stop_str_in_output=req.include_stop_str_in_output)
-            return SamplingParams(**with_default_sampling(values, req, self.options.default_sampling))
+            values.update(logit_bias=token_id_keys(req.logit_bias), allowed_token_ids=req.allowed_token_ids,
+                          bad_words=req.bad_words)
+            params = SamplingParams(**with_default_sampling(values, req, self.options.default_sampling))
+            params.resolve_bad_words(self.tokenizer)
+            return params
         except ValueError as e:
             raise from_value_error(e, names) from None
 
@@ -578,6 +580,16 @@ def _chat_chars(req: ChatCompletionRequest) -> int:
     """Characters of text in a conversation (what its tokenization costs grows with)."""
     return sum(len(m.content) if isinstance(m.content, str) else sum(len(p.text or "") for p in m.content or ())
                for m in req.messages)
+
+
+def token_id_keys(logit_bias: dict[str, float] | None) -> dict[int, float] | None:
+    """OpenAI's logit_bias keys are token ids written as strings."""
+    if logit_bias is None:
+        return None
+    bad = next((k for k in logit_bias if not k.strip().lstrip("-").isdigit() or len(k) > 20), None)
+    if bad is not None:
+        raise APIError(400, f"logit_bias: the key {bad[:40]!r} is not a token id", "logit_bias")
+    return {int(k): v for k, v in logit_bias.items()}
 
 
 def with_default_sampling(values: dict, req, defaults: dict) -> dict:

@@ -1,4 +1,5 @@
-"""Sampling on the device: penalties, temperature, top-k, top-p, min-p, per-request seeds, logprobs.
+"""Sampling on the device: logit bias, allowed tokens, bad words, penalties, temperature, top-k, top-p, min-p,
+per-request seeds, logprobs (of the model's raw distribution, as vLLM's default).
 
 Random rows sample with the exponential race: argmax(p / q) with q ~ Exp(1) picks token i with
 probability p_i. A seeded request draws its q from its own generator, one vector per step, so what it
@@ -89,6 +90,7 @@ class Sampler:
         """The sampled ids as a device tensor [S] (no host sync). num_outputs: each row's output tokens before
         the one sampled now (default: those its sequence knows; a step queued ahead counts pending ones)."""
         logits = logits[:, : self.vocab_size]
+        logits = self._apply_logit_processors(logits, reqs)
         logits = self._apply_penalties(logits, reqs)
         if num_outputs is None:
             num_outputs = [r.num_output_tokens for r in reqs]
@@ -120,6 +122,32 @@ class Sampler:
         return self.sample(logits, reqs, num_outputs).to_output()
 
     # -- logits processing ----------------------------------------------------------------------------------
+    def _apply_logit_processors(self, logits: torch.Tensor, reqs: list[Sequence]) -> torch.Tensor:
+        """logit_bias (added), allowed_token_ids (all others -inf), bad words (a word's last token -inf where the
+        output ends with the rest of it; a one-token word always). Multi-token bad words read the output, so
+        their sequences run with no step ahead in flight (scheduler.reads_history)."""
+        rows = [i for i, r in enumerate(reqs) if (r.sampling_params.logit_bias or r.sampling_params.allowed_token_ids
+                                                  or r.sampling_params.bad_words_token_ids)]
+        if not rows:
+            return logits
+        logits = logits.clone()
+        dev = logits.device
+        for i in rows:
+            r, sp = reqs[i], reqs[i].sampling_params
+            if sp.allowed_token_ids:
+                keep = torch.tensor(sp.allowed_token_ids, device=dev)
+                row = torch.full_like(logits[i], _NEG_INF)
+                row[keep] = logits[i, keep]
+                logits[i] = row
+            if sp.logit_bias:
+                ids = torch.tensor(list(sp.logit_bias), device=dev)
+                logits[i, ids] += torch.tensor(list(sp.logit_bias.values()), device=dev, dtype=logits.dtype)
+            banned = [w[-1] for w in sp.bad_words_token_ids or ()
+                      if len(w) == 1 or r.output_token_ids[-(len(w) - 1):] == w[:-1]]
+            if banned:
+                logits[i, torch.tensor(banned, device=dev)] = _NEG_INF
+        return logits
+
     def _apply_penalties(self, logits: torch.Tensor, reqs: list[Sequence]) -> torch.Tensor:
         rows = [i for i, r in enumerate(reqs) if (r.sampling_params.repetition_penalty != 1.0
                                                   or r.sampling_params.presence_penalty != 0.0

@@ -150,3 +150,30 @@ def test_cors_and_vllm_metric_names(server):
             "vllm:request_prefill_kv_computed_tokens_count", "vllm:request_max_num_generation_tokens_bucket",
             "vllm:prompt_tokens_cached_total"} <= names
     assert not any(n.startswith("tachyon:") for n in names)
+
+
+def test_logit_bias_allowed_token_ids_and_bad_words(server, client):
+    tok = server.engine.tokenizer
+    base = client.chat.completions.create(model=MODEL, messages=QUESTION, max_tokens=6, temperature=0)
+    assert "Paris" in base.choices[0].message.content
+    r = client.chat.completions.create(model=MODEL, messages=QUESTION, max_tokens=6, temperature=0,
+                                       extra_body={"bad_words": ["Paris"]})
+    assert "Paris" not in r.choices[0].message.content
+    before = base.choices[0].message.content.split("Paris")[0]
+    assert r.choices[0].message.content.startswith(before)
+    x = tok.encode(" x", add_special_tokens=False)[0]
+    r = client.completions.create(model=MODEL, prompt="Hello", max_tokens=4, temperature=0,
+                                  logit_bias={str(x): 100}, extra_body={"ignore_eos": True})
+    assert r.choices[0].text == " x" * 4
+    yes, no = (tok.encode(w, add_special_tokens=False)[0] for w in (" yes", " no"))
+    r = client.completions.create(model=MODEL, prompt="Is the sky blue? Answer:", max_tokens=3, temperature=1.0,
+                                  seed=5, extra_body={"allowed_token_ids": [yes, no], "ignore_eos": True})
+    assert set(tok.encode(r.choices[0].text, add_special_tokens=False)) <= {yes, no}
+    for extra, words in [({"logit_bias": {"abc": 1}}, "the key 'abc' is not a token id"),
+                         ({"logit_bias": {"5": 101}}, "numbers in [-100, 100]"),
+                         ({"allowed_token_ids": [10**9]}, "outside the vocabulary"),
+                         ({"bad_words": [""]}, "non-empty strings")]:
+        with pytest.raises(openai.BadRequestError) as e:
+            client.completions.create(model=MODEL, prompt="Hi", max_tokens=2, extra_body=extra)
+        assert words in e.value.body["message"] and e.value.body["param"] == next(iter(extra))
+    wait_idle(server)

@@ -58,7 +58,7 @@ def vllm_llm(hub_cache):
                    trust_remote_code=True, seed=0, max_logprobs=5, enforce_eager=True, enable_prefix_caching=True,
                    kv_cache_dtype="auto", quantization=None, swap_space=0, max_num_seqs=8, block_size=16,
                    enable_chunked_prefill=True, max_num_batched_tokens=512, disable_log_stats=True,
-                   kv_cache_memory_gib=0.05)
+                   num_scheduler_steps=4, kv_cache_memory_gib=0.05)  # steps in flight, as on a GPU
 
 
 def test_a_hub_id_resolves_offline_through_the_cache(hub_cache, monkeypatch):
@@ -220,3 +220,24 @@ def test_bench_serve_takes_vllm_flags_and_writes_vllm_keys(tmp_path):
     assert res["median_ttft_ms"] == res["runs"][0]["metrics"]["median_ttft_ms"] >= 200  # the fake's 250 ms
     with pytest.raises(SystemExit):
         build_parser().parse_args(["bench", "serve", "--dataset-name", "sharegpt"])
+
+
+def test_logit_processors_hold_with_steps_in_flight(vllm_llm):
+    """logit_bias, allowed_token_ids and bad words with 4 steps in flight: a two-token bad word needs the output
+    so far, which the scheduler then keeps known (no step ahead)."""
+    from tachyon import SamplingParams
+
+    llm, prompt = vllm_llm, {"prompt_token_ids": list(range(300, 320))}
+    greedy = dict(temperature=0, max_tokens=10, ignore_eos=True)
+    base = llm.generate(prompt, SamplingParams(**greedy), use_tqdm=False)[0].outputs[0].token_ids
+    word = [base[0], base[1]]
+    out = llm.generate([prompt] * 3, [SamplingParams(**greedy, bad_words_token_ids=[word]),
+                                      SamplingParams(**greedy, allowed_token_ids=[7, 8, 9], logit_bias={8: 100}),
+                                      SamplingParams(temperature=1.0, seed=1, max_tokens=10, ignore_eos=True,
+                                                     allowed_token_ids=[7, 8, 9])], use_tqdm=False)
+    banned = out[0].outputs[0].token_ids
+    assert banned[0] == base[0] and banned[1] != base[1]  # decided after token 0 came back, not ahead of it
+    assert all(banned[j:j + 2] != word for j in range(len(banned) - 1))
+    assert out[1].outputs[0].token_ids == [8] * 10
+    assert set(out[2].outputs[0].token_ids) <= {7, 8, 9}
+    assert llm.engine.kv.num_free_blocks == llm.engine.kv.num_blocks
