@@ -238,6 +238,10 @@ class _Slot:
                "metrics": summarize(self.pooled, self.duration, pcts, slos)}
         if len(self.repeats) > 1:
             run["repeats"] = self.repeats
+        if self.name == "openai":  # vLLM's per-request arrays (bench serve's result JSON carries them)
+            from tachyon.bench.metrics import per_request_arrays
+
+            run["per_request"] = per_request_arrays(self.pooled)
         return run
 
 

@@ -221,4 +221,5 @@ def vllm_flat_fields(result: dict, args) -> dict:
     flat.update({k: m[k] for k in _VLLM_RUN_KEYS if k in m})
     for name in selected:
         flat.update({k: v for k, v in m.items() if k.endswith(f"_{name}_ms")})
+    flat.update(run.get("per_request", {}))
     return flat

@@ -67,7 +67,10 @@ def iter_weights(path: str) -> Iterator[tuple[str, torch.Tensor]]:
         return
     from safetensors import safe_open
 
-    for file in safetensors_files(path):
+    from tachyon.models.progress import progress
+
+    files = safetensors_files(path)
+    for file in progress(files, len(files), "Loading safetensors checkpoint shards", unit="shard"):
         try:
             with safe_open(file, framework="pt") as f:
                 for name in f.keys():

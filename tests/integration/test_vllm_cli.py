@@ -107,7 +107,7 @@ def test_a_vllm_command_line_parses_to_the_same_settings(tmp_path):
     assert main(["generate", "hi", "--tensor-parallel-size", "2"]) == 2
 
 
-def test_vllm_serve_command_runs_a_hub_model_offline(hub_cache, vllm_llm, tmp_path, monkeypatch, caplog):
+def test_vllm_serve_command_runs_a_hub_model_offline(hub_cache, vllm_llm, tmp_path, monkeypatch, caplog, capsys):
     """The serve command line as parsed, built and served in this process (the subprocess costs seconds)."""
     from huggingface_hub import constants
 
@@ -121,7 +121,9 @@ def test_vllm_serve_command_runs_a_hub_model_offline(hub_cache, vllm_llm, tmp_pa
     args = build_parser().parse_args([*argv, "--kv-cache-memory-gib", "0.05", "--swap-space", "0",
                                       "--no-engine-process"])
     caplog.set_level("INFO", logger="tachyon")
-    with serve_in_thread(build_app(args)) as url:
+    app = build_app(args)
+    assert "Loading safetensors checkpoint shards: 100%" in capsys.readouterr().err  # progress while loading
+    with serve_in_thread(app) as url:
         client = openai.OpenAI(base_url=url + "/v1", api_key="none")
         assert [m.id for m in client.models.list().data] == ["tiny", "tiny-alias"]
         messages = [{"role": "user", "content": "Hello there"}]
@@ -218,6 +220,9 @@ def test_bench_serve_takes_vllm_flags_and_writes_vllm_keys(tmp_path):
     flat = {k for k in res if k.endswith("_ms")}
     assert flat == {f"{s}_{m}_ms" for s in ("mean", "median", "std", "p50", "p90") for m in ("ttft", "e2el")}
     assert res["median_ttft_ms"] == res["runs"][0]["metrics"]["median_ttft_ms"] >= 200  # the fake's 250 ms
+    assert sorted(res["output_lens"]) == sorted(b["max_tokens"] for b in fake.bodies[-3:])
+    assert res["errors"] == ["", "", ""] and len(res["input_lens"]) == 3
+    assert all(t >= 0.2 for t in res["ttfts"]) and [len(i) + 1 for i in res["itls"]] == res["output_lens"]
     with pytest.raises(SystemExit):
         build_parser().parse_args(["bench", "serve", "--dataset-name", "sharegpt"])
 
