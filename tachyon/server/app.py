@@ -168,6 +168,7 @@ def create_app(async_engine: AsyncEngine, model_name: str | Sequence[str], api_k
     serving = OpenAIServing(async_engine, names, request_timeout=request_timeout, options=frontend)
     metrics = ServerMetrics(async_engine.engine, model_name, frontend.metrics_prefix)
     async_engine.on_step = metrics.on_step
+    serving.on_admit = metrics.on_admit
     created = int(time.time())
 
     @asynccontextmanager

@@ -143,6 +143,8 @@ class ServerMetrics:
                             "choices).", token_buckets)
         self.max_gen_len = hist(f"{self.prefix}:request_max_num_generation_tokens", "The longest choice of "
                                 "each request, in tokens.", token_buckets)
+        self.params_max_tokens = hist(f"{self.prefix}:request_params_max_tokens", "The max_tokens of each "
+                                      "request (resolved: up to the context when it set none).", token_buckets)
         self.params_n = hist(f"{self.prefix}:request_params_n", "The n (choices) of each request.",
                              [1, 2, 5, 10, 20])
         self.inference = hist(f"{self.prefix}:request_inference_time_seconds", "First scheduled to finish.",
@@ -155,6 +157,10 @@ class ServerMetrics:
                                "abort).", ["model_name", "finished_reason"], registry=self.registry)
         self.http = Counter(f"{self.prefix}:http_requests", "HTTP requests by route and status.",
                             ["model_name", "route", "status"], registry=self.registry)
+
+    def on_admit(self, max_tokens: int) -> None:
+        """A request was let in (the server's thread): its resolved max_tokens."""
+        self.params_max_tokens.observe(max_tokens)
 
     # -- the engine thread -------------------------------------------------------------------------------
     def on_step(self, outputs: list[RequestOutput], step_seconds: float) -> None:

@@ -109,6 +109,7 @@ class OpenAIServing:
         self.model_names = [model_name] if isinstance(model_name, str) else list(model_name)
         self.model_name = self.model_names[0]  # the name responses carry
         self.options = options or FrontendOptions()
+        self.on_admit = None  # called with each admitted request's resolved max_tokens (the metrics)
         self.draining = False  # set on shutdown: no new requests
         self._token_text: dict[int, str] = {}
 
@@ -178,11 +179,15 @@ class OpenAIServing:
             if waiting + len(prompts) > limit:  # AsyncEngine checks each request; a list is all or nothing
                 raise APIError(429, f"{waiting} requests are already waiting (limit {limit}, "
                                     f"--max-queued-requests); retry later")
+        resolved = []
         for _, ids in prompts:
             try:
-                self.engine.validate(ids, params)
+                resolved.append(self.engine.validate(ids, params))
             except ValueError as e:
                 raise from_value_error(e, names) from None
+        if self.on_admit is not None:
+            for max_tokens in resolved:
+                self.on_admit(max_tokens)
 
     # -- endpoints -------------------------------------------------------------------------------------
     async def completions(self, req: CompletionRequest, http: HTTPRequest) -> Response:

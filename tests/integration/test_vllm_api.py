@@ -56,9 +56,12 @@ def test_request_id_header_fingerprint_and_cached_tokens(server, client):
     assert second.usage.prompt_tokens_details.cached_tokens == cached
     wait_idle(server)
     metrics = httpx.get(server.url + "/metrics").text
-    total = next(float(line.split()[-1]) for line in metrics.splitlines()
-                 if line.startswith("tachyon:prompt_tokens_cached_total"))
-    assert total >= cached
+    def value(name: str, label: str = "") -> float:
+        return next(float(line.split()[-1]) for line in metrics.splitlines()
+                    if line.startswith(name) and label in line)
+
+    assert value("tachyon:prompt_tokens_cached_total") >= cached
+    assert value("tachyon:request_params_max_tokens_bucket", 'le="1.0"') >= 2  # the two requests above
 
 
 def test_request_chat_template_kwargs_continue_and_echo(server, client):
@@ -148,7 +151,7 @@ def test_cors_and_vllm_metric_names(server):
             "vllm:time_per_output_token_seconds_bucket", "vllm:num_requests_waiting_by_reason",
             "vllm:cache_config_info", "vllm:request_params_n_bucket", "vllm:request_inference_time_seconds_sum",
             "vllm:request_prefill_kv_computed_tokens_count", "vllm:request_max_num_generation_tokens_bucket",
-            "vllm:prompt_tokens_cached_total"} <= names
+            "vllm:prompt_tokens_cached_total", "vllm:request_params_max_tokens_bucket"} <= names
     assert not any(n.startswith("tachyon:") for n in names)
 
 
