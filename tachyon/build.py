@@ -64,7 +64,9 @@ def build_proposer(args: EngineArgs, config: EngineConfig, num_blocks: int) -> P
 def front_end_tokenizer(args: EngineArgs):
     """The model's tokenizer (none beside a bare config.json)."""
     path = model_path(args)
-    return load_tokenizer(args.tokenizer or (None if path.endswith(".json") else path))
+    if args.tokenizer is not None:
+        path = resolve_model_path(args.tokenizer, args.revision, args.download_dir)
+    return load_tokenizer(None if path.endswith(".json") else path, args.trust_remote_code)
 
 
 def prepare_runner(config: EngineConfig, runner: ModelRunner) -> tuple[int, int]:
@@ -103,7 +105,7 @@ def model_path(args: EngineArgs) -> str:
     """Where the model's config.json (and weights) are: a checkpoint directory, or a bare config.json."""
     if args.load_format == "dummy" and args.model is not None and args.model.endswith(".json"):
         return args.model  # random weights made where the model runs
-    path = resolve_model_path(args.model)
+    path = resolve_model_path(args.model, args.revision, args.download_dir)
     if path.endswith(".gguf"):
         from tachyon.models.gguf_loader import converted_dir
 
@@ -118,3 +120,11 @@ def num_kv_blocks(config: EngineConfig, runner: ModelRunner) -> int:
     if config.device.type == "cuda":
         return runner.profile_num_blocks()
     return num_kv_blocks_for_budget(config.model, config.cache.dtype, config.cache.block_size, config.cache.kv_cache_bytes)
+
+
+def default_sampling_values(args: EngineArgs) -> dict:
+    """The sampling values a request that does not set them gets (--generation-config)."""
+    from tachyon.models.generation_config import default_sampling_values as from_checkpoint
+
+    path = model_path(args)
+    return from_checkpoint(args.generation_config, None if path.endswith(".json") else path)

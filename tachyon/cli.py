@@ -23,10 +23,11 @@ def _sampling(args) -> "SamplingParams":  # noqa: F821
 
 
 def _add_sampling_args(p: argparse.ArgumentParser, temperature: float) -> None:
-    p.add_argument("--max-tokens", type=int, default=256)
-    p.add_argument("--temperature", type=float, default=temperature)
-    p.add_argument("--top-p", type=float, default=1.0)
-    p.add_argument("--top-k", type=int, default=-1)
+    p.add_argument("--max-tokens", type=int, default=256, help="the most tokens to generate (default: %(default)s)")
+    p.add_argument("--temperature", type=float, default=temperature,
+                   help="sampling temperature, 0 = greedy (default: %(default)s)")
+    p.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass (default: %(default)s)")
+    p.add_argument("--top-k", type=int, default=-1, help="sample among the k most likely tokens (-1: all)")
     p.add_argument("--stop", action="append", default=None, help="stop string (repeatable)")
     p.add_argument("--seed-sampling", type=int, default=None, help="per-request sampling seed")
 
@@ -149,11 +150,11 @@ def cmd_gateway(args) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="tachyon", description="Tachyon LLM inference engine")
+    parser = argparse.ArgumentParser(prog="tachyon", description="Tachyon LLM inference engine", allow_abbrev=False)
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("generate", help="complete one prompt, streaming the text")
-    p.add_argument("prompt")
+    p.add_argument("prompt", help="the text to complete")
     p.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
     p.add_argument("-v", "--verbose", action="store_true", help="print timings")
     EngineArgs.add_cli_args(p)
@@ -191,7 +192,19 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("gateway", help="API gateway over OpenAI-compatible backends: keys, limits, routing, balancing")
     add_gateway_args(p)
     p.set_defaults(func=cmd_gateway)
+    for command in all_parsers(parser):
+        command.allow_abbrev = False  # --max-tok is an error, not --max-tokens: a typo never changes a setting
     return parser
+
+
+def all_parsers(parser: argparse.ArgumentParser) -> list[argparse.ArgumentParser]:
+    """`parser` and every subcommand's parser below it."""
+    found = [parser]
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in dict.fromkeys(action.choices.values()):
+                found += all_parsers(sub)
+    return found
 
 
 def main(argv: list[str] | None = None) -> int:

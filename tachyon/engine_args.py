@@ -40,9 +40,18 @@ def _knob(default: Any, help: str, **cli: Any) -> Any:
 
 @dataclass
 class EngineArgs:
-    model: str | None = _knob(None, "HF checkpoint directory, .gguf file, or config.json with --load-format dummy "
-                                    "(default: the embedded SmolLM2-135M-Instruct)")
-    tokenizer: str | None = _knob(None, "tokenizer directory (default: the model's own)")
+    model: str | None = _knob(None, "HF checkpoint directory, Hugging Face Hub id (org/name, read through the "
+                                    "Hub cache), .gguf file, or config.json with --load-format dummy (default: "
+                                    "the embedded SmolLM2-135M-Instruct)")
+    tokenizer: str | None = _knob(None, "tokenizer directory or Hub id (default: the model's own)")
+    revision: str | None = _knob(None, "Hub model: the branch, tag or commit to use (default: main)")
+    download_dir: str | None = _knob(None, "Hub model: the cache directory to download into and read from "
+                                           "(default: huggingface_hub's, $HF_HOME/hub)")
+    trust_remote_code: bool = _knob(False, "let the tokenizer run code shipped with the checkpoint (the model "
+                                           "itself is always Tachyon's own implementation)")
+    generation_config: str = _knob("auto", "default sampling values: auto (the model's generation_config.json), "
+                                           "vllm (none: Tachyon's defaults), or a directory holding a "
+                                           "generation_config.json; a request's own values always win")
     dtype: str = _knob("auto", "auto | float32 | float16 | bfloat16 (auto: float32 on the CPU, bfloat16 on a GPU)")
     device: str = _knob("auto", "auto | cpu | cuda (auto: cuda when a GPU is visible)")
     max_model_len: int | None = _knob(None, "longest sequence, prompt and output (default: the model's "
@@ -87,6 +96,11 @@ class EngineArgs:
               '"prompt_lookup_max": 4, "prompt_lookup_min": 2} (prompt lookup) or {"method": "draft_model", '
               '"model": DIR, "num_speculative_tokens": 4} (a smaller model with the same tokenizer). Requests with '
               'penalties or logprobs decode without it')
+    enable_chunked_prefill: bool = _knob(True, "split long prompts into chunks that share steps with decodes "
+                                               "(always on: the scheduler has one token budget and no phases)")
+    tensor_parallel_size: int = _knob(1, "GPUs one model is split over (only 1 yet; run replicas behind "
+                                         "`tachyon gateway` instead)")
+    disable_log_stats: bool = _knob(False, "no periodic throughput/queue log line (serve)")
 
     def __post_init__(self) -> None:
         if self.max_n < 1:
@@ -94,6 +108,12 @@ class EngineArgs:
         if self.max_logprobs < 0:
             raise ValueError(f"max_logprobs={self.max_logprobs}: it must be >= 0")
         SpeculativeConfig.parse(self.speculative_config)  # a bad value fails here, before anything loads
+        if not self.enable_chunked_prefill:
+            raise ValueError("enable_chunked_prefill=False is not supported: prefill is always chunked into the "
+                             "step's token budget (drop the flag; --max-num-batched-tokens sets the chunk)")
+        if self.tensor_parallel_size != 1:
+            raise ValueError(f"tensor_parallel_size={self.tensor_parallel_size} is not supported yet: use 1 and "
+                             f"run replicas behind `tachyon gateway`")
 
     @classmethod
     def field_names(cls) -> set[str]:

@@ -65,6 +65,7 @@ class ModelRunnerOutput:
     # per row: how many of its proposed tokens were accepted (then token_ids[row] follows them); None: no row
     # verified proposals this step
     num_accepted: list[int] | None = None
+    sampled_ranks: list[int | None] | None = None  # rows that asked for logprobs: the sampled token's rank
 
 
 class ModelRunner(Protocol):

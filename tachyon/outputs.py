@@ -29,6 +29,15 @@ class RequestMetrics:
 
 
 @dataclass
+class Logprob:
+    """One token's log probability as vLLM's offline API gives it (`LLM.generate` outputs)."""
+
+    logprob: float
+    rank: int | None = None  # 1 = the most likely token at that position
+    decoded_token: str | None = None
+
+
+@dataclass
 class CompletionOutput:
     index: int
     text: str
@@ -37,6 +46,7 @@ class CompletionOutput:
     logprobs: list[dict[int, float]] | None = None  # per generated token: {token_id: logprob}
     finish_reason: str | None = None  # "stop" | "length" | "abort" | "error"
     stop_reason: int | str | None = None  # the stop token id or stop string that ended it
+    sampled_ranks: list[int | None] | None = None  # per generated token: its rank (1 = the most likely)
 
     def finished(self) -> bool:
         return self.finish_reason is not None

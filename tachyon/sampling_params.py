@@ -9,6 +9,8 @@ from dataclasses import dataclass, field
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 MAX_STOP_STRINGS = 128  # each is searched for after every token: bounded work per step
 MAX_STOP_TOKEN_IDS = 1024
+MAX_LOGIT_BIAS = 1024  # entries of logit_bias, allowed_token_ids, bad words: bounded work per step
+MAX_BAD_WORDS = 128
 
 
 class InvalidRequestError(ValueError):
@@ -17,6 +19,11 @@ class InvalidRequestError(ValueError):
     def __init__(self, message: str, param: str | None = None):
         super().__init__(message)
         self.param = param
+
+
+def _out_of_range(name: str, value, allowed: str):
+    shown = repr(value) if len(repr(value)) < 80 else f"{type(value).__name__} of {len(value)}"
+    raise InvalidRequestError(f"SamplingParams.{name}={shown} is out of range: {allowed}", name)
 
 
 @dataclass
@@ -38,6 +45,12 @@ class SamplingParams:
     logprobs: int | None = None  # top-N logprobs of each generated token (plus the sampled one)
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
+    logit_bias: dict[int, float] | None = None  # token id -> added to its logit, in [-100, 100]
+    allowed_token_ids: list[int] | None = None  # sample only among these
+    bad_words: list[str] | None = None  # words never generated (the front end tokenizes them)
+    # bad_words as token-id sequences: set by the front end from its tokenizer (each word with and without a
+    # leading space, as vLLM does); the sampler bans a word's last token when the output ends with the rest
+    bad_words_token_ids: list[list[int]] | None = None
     stop_strings: list[str] = field(init=False, default_factory=list)
 
     def __post_init__(self) -> None:
@@ -49,9 +62,7 @@ class SamplingParams:
         """Check every field's type and range (InvalidRequestError naming the field), before the request
         reaches the engine: whatever passes here, the sampler's tensors and the stop checks can hold.
         Limits that depend on the engine (vocabulary, context, --max-n, --max-logprobs) are LLMEngine.validate's."""
-        def bad(name, value, allowed):
-            shown = repr(value) if len(repr(value)) < 80 else f"{type(value).__name__} of {len(value)}"
-            raise InvalidRequestError(f"SamplingParams.{name}={shown} is out of range: {allowed}", name)
+        bad = _out_of_range
 
         def integer(name, lo, hi, allowed, none_ok=False):
             v = getattr(self, name)
@@ -103,6 +114,52 @@ class SamplingParams:
         if len(ids) > MAX_STOP_TOKEN_IDS:
             bad("stop_token_ids", self.stop_token_ids, f"at most {MAX_STOP_TOKEN_IDS} token ids")
         self.stop_token_ids = [int(t) for t in ids]
+        self._verify_logit_processors()
+
+    def _verify_logit_processors(self) -> None:
+        bad = _out_of_range
+
+        def token_ids(name, value, lo):
+            if value is None:
+                return None
+            if (not isinstance(value, (list, tuple)) or not lo <= len(value) <= MAX_LOGIT_BIAS
+                    or not all(isinstance(t, numbers.Integral) and not isinstance(t, bool) for t in value)):
+                bad(name, value, f"it must be a list of {lo} to {MAX_LOGIT_BIAS} token ids (integers)")
+            return [int(t) for t in value]
+
+        bias = self.logit_bias
+        if bias is not None:
+            if (not isinstance(bias, dict) or len(bias) > MAX_LOGIT_BIAS
+                    or not all(isinstance(t, numbers.Integral) and not isinstance(t, bool) for t in bias)
+                    or not all(isinstance(v, numbers.Real) and not isinstance(v, bool) and math.isfinite(v)
+                               and -100 <= v <= 100 for v in bias.values())):
+                bad("logit_bias", bias, f"it must map at most {MAX_LOGIT_BIAS} token ids to numbers in [-100, 100]")
+            self.logit_bias = {int(t): float(v) for t, v in bias.items()}
+        self.allowed_token_ids = token_ids("allowed_token_ids", self.allowed_token_ids, 1)
+        words = self.bad_words
+        if words is not None and (not isinstance(words, (list, tuple)) or len(words) > MAX_BAD_WORDS
+                                  or not all(isinstance(w, str) and w.strip() for w in words)):
+            bad("bad_words", words, f"it must be a list of at most {MAX_BAD_WORDS} non-empty strings")
+        seqs = self.bad_words_token_ids
+        if seqs is not None:
+            if not isinstance(seqs, (list, tuple)) or len(seqs) > 2 * MAX_BAD_WORDS:
+                bad("bad_words", seqs, f"at most {MAX_BAD_WORDS} bad words")
+            self.bad_words_token_ids = [token_ids("bad_words", list(w), 1) for w in seqs]
+
+    def resolve_bad_words(self, tokenizer) -> None:
+        """bad_words as token ids, each word with and without a leading space (how it may start mid-text)."""
+        if not self.bad_words:
+            return
+        if tokenizer is None:
+            raise InvalidRequestError("bad_words needs the model's tokenizer; this model has none", "bad_words")
+        seqs = []
+        for word in self.bad_words:
+            for text in dict.fromkeys((word.strip(), " " + word.strip())):
+                ids = tokenizer.encode(text, add_special_tokens=False)
+                if ids and ids not in seqs:
+                    seqs.append(ids)
+        self.bad_words_token_ids = seqs
+        self._verify_logit_processors()
 
     @property
     def greedy(self) -> bool:

@@ -25,11 +25,20 @@ def _add_workload_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("workload")
     g.add_argument("--workload", choices=sorted(NAMED), default=None,
                    help="a standard workload of shared/WORKLOADS.md (flags below override its fields)")
-    g.add_argument("--input-len", type=parse_len, default=None, help="tokens, or a range LO:HI drawn uniformly")
-    g.add_argument("--output-len", type=parse_len, default=None, help="tokens, or a range LO:HI")
-    g.add_argument("--num-prompts", type=int, default=None)
+    g.add_argument("--input-len", "--random-input-len", type=parse_len, default=None,
+                   help="tokens, or a range LO:HI drawn uniformly")
+    g.add_argument("--output-len", "--random-output-len", type=parse_len, default=None,
+                   help="tokens, or a range LO:HI")
+    g.add_argument("--random-range-ratio", type=float, default=0.0,
+                   help="vLLM's: input and output lengths drawn uniformly from [len*(1-r), len*(1+r)] (default: 0, "
+                        "fixed lengths)")
+    g.add_argument("--dataset-name", choices=["random"], default=None,
+                   help="vLLM's: random (random token prompts of --input-len, the default here); other data: "
+                        "--dataset FILE.jsonl")
+    g.add_argument("--num-prompts", type=int, default=None, help="requests to run (default: the workload's)")
     g.add_argument("--workload-seed", type=int, default=None, help="seed of the prompt token ids")
-    g.add_argument("--prefix-len", type=int, default=None, help="tokens shared by every prompt (prefix workload)")
+    g.add_argument("--prefix-len", "--random-prefix-len", type=int, default=None,
+                   help="tokens shared by every prompt (prefix workload)")
     g.add_argument("--chat", action="store_true", help="the fixed chat prompt through the chat template")
     g.add_argument("--dataset", default=None, metavar="FILE.jsonl",
                    help='one request a line: {"prompt": "..." | "prompt_token_ids": [...], "output_len": N}')
@@ -54,26 +63,36 @@ def _add_backend_args(p: argparse.ArgumentParser, default: str | None) -> None:
 def _add_http_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("HTTP (openai backend, serve)")
     g.add_argument("--base-url", default=None, help="OpenAI-compatible server (default http://127.0.0.1:8000)")
-    g.add_argument("--endpoint", default="/v1/completions")
+    g.add_argument("--endpoint", default="/v1/completions", help="the API route requests go to (default: %(default)s)")
     g.add_argument("--served-model-name", default=None, help="the 'model' field (default: the server's first)")
-    g.add_argument("--api-key", default=None)
+    g.add_argument("--api-key", default=None, help="sent as 'Authorization: Bearer KEY'")
     g.add_argument("--vocab-size", type=int, default=None, help="for random prompts without a tokenizer")
     g.add_argument("--prompt-format", choices=["auto", "ids", "text"], default="auto",
                    help="send token ids, or text decoded with --tokenizer (auto: text iff --tokenizer)")
     g.add_argument("--request-rate", type=float, default=math.inf, help="req/s (default inf: all at once)")
     g.add_argument("--burstiness", type=float, default=1.0, help="gamma shape: 1 = Poisson arrivals")
-    g.add_argument("--max-concurrency", type=int, default=None)
-    g.add_argument("--request-timeout", type=float, default=600.0)
+    g.add_argument("--max-concurrency", type=int, default=None, help="requests in flight at most (default: no limit)")
+    g.add_argument("--request-timeout", type=float, default=600.0, help="seconds before a request counts as failed")
+    g.add_argument("--ignore-eos", action=argparse.BooleanOptionalAction, default=True,
+                   help="requests run to their output length whatever they generate (--no-ignore-eos: EOS ends "
+                        "them) (default: on)")
 
 
 def _add_report_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("results")
-    g.add_argument("--percentiles", default="99", help="comma-separated, e.g. 50,90,99")
+    g.add_argument("--percentiles", "--metric-percentiles", default="99", help="comma-separated, e.g. 50,90,99")
+    g.add_argument("--percentile-metrics", default="ttft,tpot,itl",
+                   help="vLLM's: the metrics (ttft, tpot, itl, e2el) whose mean/median/std/percentiles go into the "
+                        "flat vLLM-style keys of the result JSON (default: %(default)s)")
     g.add_argument("--goodput", nargs="+", default=None, metavar="NAME:MS", help="SLOs, e.g. ttft:2000 e2el:5000")
     g.add_argument("--output", default=None, help="JSON path (default benchmarks/results/<workload>_<cmd>_<time>.json)")
+    g.add_argument("--save-result", action="store_true",
+                   help="vLLM's: save the result JSON (always done here unless --no-save)")
+    g.add_argument("--result-dir", default=None, help="vLLM's: the directory of the result JSON")
+    g.add_argument("--result-filename", default=None, help="vLLM's: the result JSON's file name")
     g.add_argument("--plot", default=None, help="PNG path (sweep, ladder, compare; default beside the JSON)")
     g.add_argument("--no-save", action="store_true", help="print only")
-    g.add_argument("--no-progress", action="store_true")
+    g.add_argument("--no-progress", action="store_true", help="no progress bar")
     g.add_argument("--load-note", default=None, help="a note on machine load, saved with the result")
 
 
@@ -97,9 +116,9 @@ def add_bench_args(p: argparse.ArgumentParser) -> None:
         return sp
 
     sp = common("latency", "one request at a time: decode tok/s and TTFT, median of --num-iters", "tachyon")
-    sp.add_argument("--num-iters", type=int, default=3)
+    sp.add_argument("--num-iters", type=int, default=3, help="timed runs; the median is reported")
     sp = common("throughput", "every request at once (offline): output and total tok/s", "tachyon")
-    sp.add_argument("--num-iters", type=int, default=1)
+    sp.add_argument("--num-iters", type=int, default=1, help="timed runs; the median is reported")
     sp = common("serve", "HTTP client against an OpenAI-compatible --base-url", "openai")
     sp = common("sweep", "throughput (or serve with --base-url) over a list of concurrencies", "tachyon")
     sp.add_argument("--concurrency", default=None, help="comma-separated (default: the workload's, or 1,4,16,64)")
@@ -109,7 +128,7 @@ def add_bench_args(p: argparse.ArgumentParser) -> None:
     sp = common("ladder", "transformers fp16 eager -> +compile -> +SDPA/flash -> bf16 -> Tachyon (-> quantized)",
                 "all steps")
     sp.add_argument("--steps", default=None, help="comma-separated step names (default: all)")
-    sp.add_argument("--step-timeout", type=float, default=1800.0)
+    sp.add_argument("--step-timeout", type=float, default=1800.0, help="seconds one step of the ladder may take")
 
 
 # -- the workload -----------------------------------------------------------------------------------------------
@@ -125,6 +144,11 @@ def workload_spec(args, command: str) -> WorkloadSpec:
         spec.output_len = args.output_len
     if args.num_prompts is not None:
         spec.num_prompts = args.num_prompts
+    ratio = args.random_range_ratio
+    if not 0 <= ratio < 1:
+        raise ValueError(f"--random-range-ratio {ratio}: it must be in [0, 1)")
+    if ratio:
+        spec.input_len, spec.output_len = (_ratio_range(n, ratio) for n in (spec.input_len, spec.output_len))
     if args.workload_seed is not None:
         spec.seed = args.workload_seed
     if args.prefix_len is not None:
@@ -137,6 +161,13 @@ def workload_spec(args, command: str) -> WorkloadSpec:
     if spec.num_prompts < 1 and command not in ("sweep",):
         raise ValueError(f"workload {spec.name!r} sets no request count here: pass --num-prompts")
     return spec
+
+
+def _ratio_range(n: int | tuple[int, int], ratio: float) -> int | tuple[int, int]:
+    """vLLM's --random-range-ratio: a length n becomes the range [n*(1-ratio), n*(1+ratio)]."""
+    if not isinstance(n, int):
+        raise ValueError("--random-range-ratio needs fixed lengths, not LO:HI ranges")
+    return max(1, round(n * (1 - ratio))), max(1, round(n * (1 + ratio)))
 
 
 def build_requests(spec: WorkloadSpec, backend, num_prompts: int | None = None):
@@ -210,6 +241,10 @@ class _Slot:
             run["metrics"].update(spec_summary(self.spec))
         if len(self.repeats) > 1:
             run["repeats"] = self.repeats
+        if self.name == "openai":  # vLLM's per-request arrays (bench serve's result JSON carries them)
+            from tachyon.bench.metrics import per_request_arrays
+
+            run["per_request"] = per_request_arrays(self.pooled)
         return run
 
 
@@ -366,8 +401,10 @@ def _finish(result: dict, args, plot_kind: str | None) -> int:
     print(report.table(runs, result["percentiles"], f"tachyon bench {result['command']}"))
     for line in report.ratio_lines(result["ratios"]):
         print(line)
+    if result["command"] == "serve":
+        result.update(report.vllm_flat_fields(result, args))
     if not args.no_save:
-        path = args.output or _default_output_name(result)
+        path = _result_path(result, args)
         stem = os.path.splitext(path)[0]
         if plot_kind:
             from tachyon.bench import plots
@@ -398,6 +435,14 @@ def _finish(result: dict, args, plot_kind: str | None) -> int:
     if failed_runs or failed_reqs:
         return 1
     return 0
+
+
+def _result_path(result: dict, args) -> str:
+    """--output, else --result-dir/--result-filename (vLLM's), else benchmarks/results/<workload>_<cmd>_<time>."""
+    path = args.output or _default_output_name(result)
+    if not args.output and (args.result_dir or args.result_filename):
+        path = os.path.join(args.result_dir or RESULTS_DIR, args.result_filename or os.path.basename(path))
+    return path
 
 
 def _default_output_name(result: dict) -> str:
@@ -540,7 +585,7 @@ def cmd_ladder(args) -> int:
     result["steps"] = done
     print(ladder.table(done))
     if not args.no_save:
-        path = args.output or _default_output_name(result)
+        path = _result_path(result, args)
         stem = os.path.splitext(path)[0]
         if done:
             result["plot"] = plots.plot_ladder(done, args.plot or stem + ".png", _plot_title(result))

@@ -27,7 +27,7 @@ SHARED_FIELDS = ["model", "n", "temperature", "top_p", "top_k", "min_p", "presen
                  "repetition_penalty", "seed", "stop", "stop_token_ids", "ignore_eos", "min_tokens",
                  "skip_special_tokens", "include_stop_str_in_output", "stream", "stream_options", "best_of",
                  "logit_bias", "response_format", "user", "metadata", "store", "service_tier", "max_tokens",
-                 "logprobs", "guided_json", "prompt_logprobs", "no_such_field"]
+                 "logprobs", "allowed_token_ids", "bad_words", "guided_json", "prompt_logprobs", "no_such_field"]
 FIELDS = {COMPLETIONS: ["prompt", *SHARED_FIELDS, "echo", "suffix", "add_special_tokens"],
           CHAT: ["messages", *SHARED_FIELDS, "max_completion_tokens", "top_logprobs", "add_generation_prompt",
                  "tools", "tool_choice", "parallel_tool_calls", "modalities"]}

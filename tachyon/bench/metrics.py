@@ -168,6 +168,13 @@ def summarize(results: list[RequestResult], duration: float, percentiles: list[f
     return out
 
 
+def per_request_arrays(results: list[RequestResult]) -> dict:
+    """vLLM's per-request lists, seconds as it writes them: input_lens, output_lens, ttfts, itls, errors."""
+    return {"input_lens": [r.prompt_len for r in results], "output_lens": [r.output_tokens for r in results],
+            "ttfts": [r.ttft or 0.0 for r in results], "itls": [r.itl for r in results],
+            "errors": [r.error for r in results]}
+
+
 def _count(errors: list[str]) -> dict[str, int]:
     c: dict[str, int] = {}
     for e in errors:

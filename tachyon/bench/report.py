@@ -197,3 +197,34 @@ def markdown(result: dict) -> str:
 def write_markdown(result: dict, path: str) -> None:
     with open(path, "w") as f:
         f.write(markdown(result))
+
+
+# The run-level keys of `vllm bench serve --save-result`, in its order.
+_VLLM_RUN_KEYS = ("duration", "completed", "failed", "total_input_tokens", "total_output_tokens",
+                  "request_throughput", "request_goodput", "output_throughput", "total_token_throughput",
+                  "max_output_tokens_per_s", "max_concurrent_requests")
+
+
+def vllm_flat_fields(result: dict, args) -> dict:
+    """`bench serve`'s one run as the flat keys vLLM's result JSON has (date, backend, model_id, num_prompts,
+    request_rate, ..., mean/median/std/pNN of --percentile-metrics), so scripts written for vLLM's results read
+    ours; the nested "runs" stay beside them."""
+    run = next((r for r in result["runs"] if r.get("metrics")), None)
+    if run is None:
+        return {}
+    m = run["metrics"]
+    selected = [x.strip() for x in args.percentile_metrics.split(",") if x.strip()]
+    unknown = sorted(set(selected) - set(METRICS))
+    if unknown:
+        raise ValueError(f"--percentile-metrics {unknown}: choose among {', '.join(METRICS)}")
+    rate = args.request_rate
+    flat = {"date": result["date"], "backend": run["backend"], "model_id": (run.get("config") or {}).get("model")
+            or getattr(args, "served_model_name", None) or getattr(args, "model", None),
+            "tokenizer_id": getattr(args, "tokenizer", None) or getattr(args, "model", None),
+            "num_prompts": run["num_requests"], "request_rate": "inf" if math.isinf(rate) else rate,
+            "burstiness": args.burstiness, "max_concurrency": args.max_concurrency}
+    flat.update({k: m[k] for k in _VLLM_RUN_KEYS if k in m})
+    for name in selected:
+        flat.update({k: v for k, v in m.items() if k.endswith(f"_{name}_ms")})
+    flat.update(run.get("per_request", {}))
+    return flat

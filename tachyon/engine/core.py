@@ -212,8 +212,11 @@ class EngineCore:
         for seq, tokens, row in got:
             self._stats.generation_tokens += len(tokens)
             lp = result.logprobs[row]  # none for rows that verified proposals (tachyon.engine.scheduler.may_speculate)
-            outputs.append(self._output(seq, tokens, None if lp is None else [lp],
-                                        None if lp is None else [result.sampled_logprobs[row]]))
+            out = self._output(seq, tokens, None if lp is None else [lp],
+                               None if lp is None else [result.sampled_logprobs[row]])
+            if lp is not None and result.sampled_ranks is not None:
+                out.new_sampled_ranks = [result.sampled_ranks[row]]
+            outputs.append(out)
         for seq, e in failed:
             outputs += self._fail(seq.request_id, e)
         for seq, _, _ in got:

@@ -82,6 +82,16 @@ class BlockPool:
             return None
         return block_id
 
+    def reset_prefix_cache(self) -> bool:
+        """Forget every cached block's name (all free blocks stay free); False, changing nothing, while any block
+        is in use: a running request's blocks may be named and looked up again."""
+        if any(b.ref_cnt for b in self.blocks[1:]):
+            return False
+        for block in self.blocks:
+            block.block_hash = block.tokens = None
+        self.cached.clear()
+        return True
+
     def register(self, block_id: int, block_hash: int, tokens: tuple[int, ...]) -> None:
         block = self.blocks[block_id]
         if block.block_hash is not None or block_hash in self.cached:

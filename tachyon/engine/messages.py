@@ -26,6 +26,7 @@ class EngineCoreOutput:
     new_token_ids: list[int]
     new_logprobs: list[dict[int, float]] | None = None
     new_sampled_logprobs: list[float] | None = None
+    new_sampled_ranks: list[int] | None = None
     finish_reason: str | None = None  # "stop" | "length" | "abort" | "error"
     stop_reason: int | str | None = None
     error: str | None = None

@@ -26,6 +26,7 @@ class SeqState:
     detok: IncrementalDetokenizer | None
     token_ids: list[int] = field(default_factory=list)
     logprobs: list[dict[int, float]] | None = None
+    sampled_ranks: list[int | None] = field(default_factory=list)
     cumulative_logprob: float = 0.0
     finish_reason: str | None = None
     stop_reason: int | str | None = None
@@ -141,6 +142,7 @@ class OutputProcessor:
             if o.new_logprobs is not None and ss.logprobs is not None:
                 ss.logprobs.append(o.new_logprobs[k])
                 ss.cumulative_logprob += o.new_sampled_logprobs[k]
+                ss.sampled_ranks.append(o.new_sampled_ranks[k] if o.new_sampled_ranks is not None else None)
             if ss.first_token_time is None:
                 ss.first_token_time = o.token_time
             ss.last_token_time = o.token_time
@@ -191,6 +193,7 @@ class OutputProcessor:
                 index=ss.index, text=ss.text(), token_ids=list(ss.token_ids),
                 cumulative_logprob=ss.cumulative_logprob if ss.logprobs is not None else None,
                 logprobs=list(ss.logprobs) if ss.logprobs is not None else None,
+                sampled_ranks=list(ss.sampled_ranks) if ss.logprobs is not None else None,
                 finish_reason=ss.finish_reason, stop_reason=ss.stop_reason))
         m = st.metrics
         m.num_preemptions = sum(ss.num_preemptions for ss in st.seqs)

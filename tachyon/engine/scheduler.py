@@ -38,9 +38,11 @@ from tachyon.interface import ModelRunnerOutput, Proposer, ScheduledSeq, Schedul
 
 
 def reads_history(seq: Sequence) -> bool:
-    """Whether sampling this sequence reads its own output tokens (penalties): then it needs them all known."""
+    """Whether sampling this sequence reads its own output tokens (penalties, bad words of several tokens): then
+    it needs them all known."""
     sp = seq.sampling_params
-    return sp.repetition_penalty != 1.0 or sp.presence_penalty != 0.0 or sp.frequency_penalty != 0.0
+    return (sp.repetition_penalty != 1.0 or sp.presence_penalty != 0.0 or sp.frequency_penalty != 0.0
+            or any(len(w) > 1 for w in sp.bad_words_token_ids or ()))
 
 
 def may_speculate(seq: Sequence) -> bool:

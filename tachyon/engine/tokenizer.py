@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 
 
-def load_tokenizer(path: str | None):
+def load_tokenizer(path: str | None, trust_remote_code: bool = False):
     """The tokenizer in checkpoint directory `path`; None if there is no path or the directory has none."""
     if path is None:
         return None
@@ -13,4 +13,4 @@ def load_tokenizer(path: str | None):
         return None
     from transformers import AutoTokenizer
 
-    return AutoTokenizer.from_pretrained(path)
+    return AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)

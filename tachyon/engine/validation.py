@@ -32,6 +32,11 @@ def validate_request(cfg: EngineConfig, num_kv_blocks: int, prompt_token_ids: li
     if bad:
         raise InvalidRequestError(f"stop_token_ids {bad[:5]} are outside the vocabulary [0, {vocab})",
                                   "stop_token_ids")
+    for name, ids in (("logit_bias", params.logit_bias or ()), ("allowed_token_ids", params.allowed_token_ids or ()),
+                      ("bad_words", [t for w in params.bad_words_token_ids or () for t in w])):
+        bad = [t for t in ids if not 0 <= t < vocab]
+        if bad:
+            raise InvalidRequestError(f"{name}: token ids {bad[:5]} are outside the vocabulary [0, {vocab})", name)
     max_tokens = params.max_tokens if params.max_tokens is not None else max_len - n
     if n + max_tokens > max_len:
         raise InvalidRequestError(

@@ -136,7 +136,11 @@ def converted_dir(gguf_path: str) -> str:
         cfg = gguf_config(gguf_path, reader)
         from safetensors.torch import save_file
 
-        save_file(dict(iter_gguf_tensors(gguf_path, reader)), os.path.join(tmp, "model.safetensors"))
+        from tachyon.models.progress import progress
+
+        tensors = progress(iter_gguf_tensors(gguf_path, reader), len(reader.tensors),
+                           f"Converting {os.path.basename(gguf_path)} (first start only)", unit="tensor")
+        save_file(dict(tensors), os.path.join(tmp, "model.safetensors"))
         with open(os.path.join(tmp, "config.json"), "w") as f:
             json.dump(cfg, f, indent=1)
         from transformers import AutoTokenizer

@@ -11,16 +11,21 @@ import torch
 from tachyon.config import ModelConfig
 
 
-def resolve_model_path(model: str | None) -> str:
-    """None means the embedded default model (converted once from its GGUF and cached)."""
+def resolve_model_path(model: str | None, revision: str | None = None, download_dir: str | None = None) -> str:
+    """None means the embedded default model (converted once from its GGUF and cached); `org/name` that is no
+    local path is a Hugging Face Hub id, resolved through huggingface_hub's cache (`tachyon.models.hub`)."""
     if model is None:
         from tachyon.models.embedded import embedded_model_dir
 
         return embedded_model_dir()
+    from tachyon.models.hub import is_hub_id, resolve_hub_model
+
+    if is_hub_id(model):
+        return resolve_hub_model(model, revision, download_dir)
     if not os.path.exists(model):
         raise FileNotFoundError(
             f"model path {model!r} does not exist: pass an HF checkpoint directory (config.json + *.safetensors), "
-            f"a .gguf file, or no --model for the embedded SmolLM2-135M-Instruct"
+            f"a .gguf file, a Hugging Face Hub id (org/name), or no model for the embedded SmolLM2-135M-Instruct"
         )
     return model
 
@@ -62,7 +67,10 @@ def iter_weights(path: str) -> Iterator[tuple[str, torch.Tensor]]:
         return
     from safetensors import safe_open
 
-    for file in safetensors_files(path):
+    from tachyon.models.progress import progress
+
+    files = safetensors_files(path)
+    for file in progress(files, len(files), "Loading safetensors checkpoint shards", unit="shard"):
         try:
             with safe_open(file, framework="pt") as f:
                 for name in f.keys():

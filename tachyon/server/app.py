@@ -31,13 +31,16 @@ from starlette.responses import JSONResponse, Response
 import tachyon
 from tachyon.engine.async_engine import AsyncEngine
 from tachyon.server.errors import APIError, error_body, from_validation_error
+from tachyon.server.frontend import FrontendOptions, log_stats_forever
+from tachyon.server.frontend_routes import add_frontend_middleware, add_tokenizer_routes, model_permission
 from tachyon.server.metrics import ServerMetrics
 from tachyon.server.protocol import ChatCompletionRequest, CompletionRequest
 from tachyon.server.serving import OpenAIServing
 
 logger = logging.getLogger("tachyon")
 
-ROUTES = ("/v1/completions", "/v1/chat/completions", "/v1/models", "/health", "/version", "/metrics")
+ROUTES = ("/v1/completions", "/v1/chat/completions", "/v1/models", "/health", "/version", "/metrics", "/ping",
+          "/tokenize", "/detokenize")
 
 
 class _BodyTooLarge(Exception):
@@ -149,24 +152,35 @@ def _is_json(content_type: str) -> bool:
                                                 and media_type.endswith("+json"))
 
 
-def create_app(async_engine: AsyncEngine, model_name: str, api_key: str | Sequence[str] | None = None,
+def create_app(async_engine: AsyncEngine, model_name: str | Sequence[str], api_key: str | Sequence[str] | None = None,
                model_path: str | None = None, *, max_request_body_bytes: int | None = 16 * 2**20,
                metrics_require_api_key: bool = False, request_timeout: float | None = None,
-               model_version: str | None = None) -> FastAPI:
-    """`api_key`: one key or several (default: $TACHYON_API_KEY, comma-separated); with any, /v1 routes and the
+               model_version: str | None = None, frontend: FrontendOptions | None = None) -> FastAPI:
+    """`model_name`: the name clients send, or several (the first is the one responses carry).
+    `api_key`: one key or several (default: $TACHYON_API_KEY, comma-separated); with any, /v1 routes and the
     API docs need one, and /metrics too if `metrics_require_api_key`. `max_request_body_bytes=None`: no limit.
     `request_timeout`: seconds from arrival after which a request is aborted (None: no limit). `model_version`: shown
-    in the model card, so a gateway can route NAME@VERSION to this server."""
+    in the model card, so a gateway can route NAME@VERSION to this server.
+    `frontend`: chat template, response role, default sampling values, CORS, logging, metric names."""
     api_keys = _api_keys(api_key)
-    serving = OpenAIServing(async_engine, model_name, request_timeout=request_timeout)
-    metrics = ServerMetrics(async_engine.engine, model_name)
+    names = [model_name] if isinstance(model_name, str) else list(model_name)
+    model_name = names[0]
+    frontend = frontend or FrontendOptions()
+    serving = OpenAIServing(async_engine, names, request_timeout=request_timeout, options=frontend)
+    metrics = ServerMetrics(async_engine.engine, model_name, frontend.metrics_prefix)
     async_engine.on_step = metrics.on_step
+    serving.on_admit = metrics.on_admit
     created = int(time.time())
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
         async_engine.start()
+        stats_task = None
+        if frontend.log_stats_interval:
+            stats_task = asyncio.ensure_future(log_stats_forever(async_engine.engine, frontend.log_stats_interval))
         yield
+        if stats_task is not None:
+            stats_task.cancel()
         serving.draining = True
         await asyncio.to_thread(async_engine.shutdown)  # aborts what is left, ends its streams
         logger.info("engine stopped")
@@ -180,6 +194,7 @@ def create_app(async_engine: AsyncEngine, model_name: str, api_key: str | Sequen
     keyed_paths = frozenset(docs | ({"/metrics"} if metrics_require_api_key else set()))
     app.add_middleware(_Gate, api_keys=api_keys, keyed_paths=keyed_paths, max_body_bytes=max_request_body_bytes,
                        metrics=metrics)
+    add_frontend_middleware(app, frontend)
 
     # -- errors: always {"error": {...}}, never FastAPI's 422 ----------------------------------------------
     @app.exception_handler(APIError)
@@ -230,20 +245,23 @@ def create_app(async_engine: AsyncEngine, model_name: str, api_key: str | Sequen
     async def chat_completions(request: Request):
         return await serving.chat(await parse(request, ChatCompletionRequest), request)
 
-    def model_card() -> dict:
-        return {"id": model_name, "object": "model", "created": created, "owned_by": "tachyon",
+    def model_card(name: str) -> dict:  # vLLM's ModelCard fields
+        return {"id": name, "object": "model", "created": created, "owned_by": "tachyon",
                 "root": model_path or model_name, "parent": None,
                 "max_model_len": async_engine.engine.config.scheduler.max_model_len,
+                "permission": [model_permission(name, created)],
                 **({"version": model_version} if model_version else {})}
 
     @app.get("/v1/models")
     async def models():
-        return {"object": "list", "data": [model_card()]}
+        return {"object": "list", "data": [model_card(name) for name in names]}
 
     @app.get("/v1/models/{model:path}")
     async def model(model: str):
         serving.check_model(model)
-        return model_card()
+        return model_card(model)
+
+    add_tokenizer_routes(app, serving, parse)
 
     # -- operations -----------------------------------------------------------------------------------------
     @app.get("/health")
@@ -252,6 +270,11 @@ def create_app(async_engine: AsyncEngine, model_name: str, api_key: str | Sequen
             reason = "shutting down" if serving.draining else f"the engine is not running ({async_engine.error!r})"
             return JSONResponse(error_body(503, reason), status_code=503)
         return {"status": "ok"}
+
+    @app.get("/ping")
+    @app.post("/ping")
+    async def ping():  # SageMaker's health check, as vLLM serves it
+        return await health()
 
     @app.get("/version")
     async def version():

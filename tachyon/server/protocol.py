@@ -27,8 +27,6 @@ UNSUPPORTED = {
     "function_call": "function calling is not supported yet",
     "prompt_logprobs": "prompt logprobs are not supported",
     "logits_processors": "logits processors are not supported",
-    "allowed_token_ids": "allowed_token_ids is not supported",
-    "bad_words": "bad_words is not supported",
     "use_beam_search": "beam search is not supported",
     "length_penalty": "length_penalty (beam search) is not supported",
     "truncate_prompt_tokens": "truncate_prompt_tokens is not supported: shorten the prompt",
@@ -36,13 +34,9 @@ UNSUPPORTED = {
     "prediction": "predicted outputs are not supported",
     "web_search_options": "web search is not supported",
     "reasoning_effort": "reasoning_effort is not supported by this model server",
-    "chat_template": "a request-supplied chat template is not supported",
-    "chat_template_kwargs": "chat_template_kwargs is not supported",
-    "continue_final_message": "continue_final_message is not supported",
     "documents": "documents are not supported",
     "mm_processor_kwargs": "multimodal inputs are not supported",
     "priority": "request priorities are not supported",
-    "return_tokens_as_token_ids": "return_tokens_as_token_ids is not supported",
     "spaces_between_special_tokens": "spaces_between_special_tokens is not supported",
     "lora_request": "LoRA adapters are not supported",
 }
@@ -87,7 +81,9 @@ class _SamplingFields(_Strict):
     stream: bool = False
     stream_options: StreamOptions | None = None
     best_of: int | None = None
-    logit_bias: dict[str, float] | None = None
+    logit_bias: dict[str, float] | None = None  # token id (as a string, as OpenAI sends it) -> bias
+    allowed_token_ids: list[int] | None = None  # vLLM's
+    bad_words: list[str] | None = None  # vLLM's
     response_format: dict[str, Any] | None = None  # only {"type": "text"} (the default) is served
     # accepted and ignored: they change nothing about the answer
     user: str | None = None
@@ -104,6 +100,7 @@ class CompletionRequest(_SamplingFields):
     echo: bool = False
     suffix: str | None = None
     add_special_tokens: bool = True  # vLLM's: the tokenizer's BOS before the text
+    return_tokens_as_token_ids: bool = False  # vLLM's: logprob tokens as "token_id:N"
 
 
 class TextPart(_Strict):
@@ -111,9 +108,17 @@ class TextPart(_Strict):
     text: str
 
 
+class ContentPart(BaseModel):
+    """Any OpenAI content part (text, image_url, input_audio, ...): the server says which it cannot read."""
+
+    model_config = ConfigDict(strict=True, extra="allow")
+    type: str
+    text: str | None = None
+
+
 class ChatMessage(_Strict):
     role: Literal["system", "developer", "user", "assistant", "tool"]
-    content: str | list[TextPart] | None = None
+    content: str | list[TextPart | ContentPart] | None = None
     name: str | None = None
 
 
@@ -124,6 +129,12 @@ class ChatCompletionRequest(_SamplingFields):
     logprobs: bool = False
     top_logprobs: int | None = None
     add_generation_prompt: bool = True
+    # vLLM's chat extras (tachyon/server/chat_extras.py)
+    continue_final_message: bool = False  # the last (assistant) message is continued, not closed
+    chat_template: str | None = None  # this request's Jinja chat template instead of the model's
+    chat_template_kwargs: dict[str, Any] | None = None  # extra variables for the template
+    echo: bool = False  # the response repeats the last message if it has the response role
+    return_tokens_as_token_ids: bool = False
     tools: list[dict[str, Any]] | None = None  # served only with tool_choice "none"
     tool_choice: str | dict[str, Any] | None = None
     parallel_tool_calls: bool | None = None

@@ -14,6 +14,7 @@ import asyncio
 import contextlib
 import functools
 import json
+import logging
 import math
 import time
 import uuid
@@ -24,15 +25,20 @@ import anyio
 from starlette.requests import Request as HTTPRequest
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
+import tachyon
 from tachyon.engine.async_engine import AsyncEngine, EngineDeadError, QueueFullError
 from tachyon.engine.chat import encode_chat
 from tachyon.outputs import CompletionOutput, RequestOutput
 from tachyon.sampling_params import SamplingParams
+from tachyon.server.chat_extras import check_template_flags, echo_prefix, message_text
 from tachyon.server.errors import APIError, error_body, from_value_error
+from tachyon.server.frontend import FrontendOptions
 from tachyon.server.protocol import ChatCompletionRequest, CompletionRequest
 
 Prompt = tuple[str | None, list[int]]  # (text if the client sent text, token ids)
 _OFF_LOOP_CHARS = 16_384  # prompts this long are tokenized (chat-templated) in a worker thread
+SYSTEM_FINGERPRINT = f"fp_tachyon_{tachyon.__version__}"
+logger = logging.getLogger("tachyon")
 
 
 def _dumps(obj) -> str:
@@ -87,25 +93,31 @@ class _Job:
     logprobs: int | None  # top-N per token (chat: top_logprobs), None = no logprobs
     echo: bool = False
     names: dict[str, str] | None = None  # engine field names -> this endpoint's (for error params)
+    continuous_usage: bool = False  # stream_options.continuous_usage_stats: usage in every chunk
+    token_ids_as_text: bool = False  # return_tokens_as_token_ids: logprob tokens as "token_id:N"
     choices: list[_Choice] = field(default_factory=list)
     timed_out: bool = False
 
 
 class OpenAIServing:
-    def __init__(self, async_engine: AsyncEngine, model_name: str, request_timeout: float | None = None):
+    def __init__(self, async_engine: AsyncEngine, model_name: str | list[str], request_timeout: float | None = None,
+                 options: FrontendOptions | None = None):
         self.async_engine = async_engine
         self.request_timeout = request_timeout  # seconds from arrival; then the request is aborted
         self.engine = async_engine.engine
         self.tokenizer = self.engine.tokenizer
-        self.model_name = model_name
+        self.model_names = [model_name] if isinstance(model_name, str) else list(model_name)
+        self.model_name = self.model_names[0]  # the name responses carry
+        self.options = options or FrontendOptions()
+        self.on_admit = None  # called with each admitted request's resolved max_tokens (the metrics)
         self.draining = False  # set on shutdown: no new requests
         self._token_text: dict[int, str] = {}
 
     # -- admission -------------------------------------------------------------------------------------
     def check_model(self, name: str | None) -> None:
-        if name is not None and name != self.model_name:
-            raise APIError(404, f"the model {name!r} does not exist; this server serves {self.model_name!r}",
-                           "model")
+        if name is not None and name not in self.model_names:
+            served = " or ".join(repr(n) for n in self.model_names)
+            raise APIError(404, f"the model {name!r} does not exist; this server serves {served}", "model")
 
     def check_alive(self) -> None:
         if self.async_engine.error is not None:
@@ -122,21 +134,24 @@ class OpenAIServing:
                          names: dict[str, str] | None = None) -> SamplingParams:
         if req.best_of is not None and req.best_of != req.n:
             raise APIError(400, "best_of other than n is not supported", "best_of")
-        if req.logit_bias:
-            raise APIError(400, "logit_bias is not supported", "logit_bias")
         if req.response_format is not None and req.response_format != {"type": "text"}:
             raise APIError(400, "response_format other than {\"type\": \"text\"} is not supported yet "
                                 "(structured outputs)", "response_format")
         if req.stream_options is not None and not req.stream:
             raise APIError(400, "stream_options is only allowed when stream is true", "stream_options")
         try:
-            return SamplingParams(
+            values = dict(
                 n=req.n, temperature=req.temperature, top_p=req.top_p, top_k=req.top_k, min_p=req.min_p,
                 repetition_penalty=req.repetition_penalty, presence_penalty=req.presence_penalty,
                 frequency_penalty=req.frequency_penalty, seed=req.seed, stop=req.stop,
                 stop_token_ids=req.stop_token_ids, ignore_eos=req.ignore_eos, max_tokens=max_tokens,
                 min_tokens=req.min_tokens, logprobs=logprobs, skip_special_tokens=req.skip_special_tokens,
                 include_stop_str_in_output=req.include_stop_str_in_output)
+            values.update(logit_bias=token_id_keys(req.logit_bias), allowed_token_ids=req.allowed_token_ids,
+                          bad_words=req.bad_words)
+            params = SamplingParams(**with_default_sampling(values, req, self.options.default_sampling))
+            params.resolve_bad_words(self.tokenizer)
+            return params
         except ValueError as e:
             raise from_value_error(e, names) from None
 
@@ -164,11 +179,15 @@ class OpenAIServing:
             if waiting + len(prompts) > limit:  # AsyncEngine checks each request; a list is all or nothing
                 raise APIError(429, f"{waiting} requests are already waiting (limit {limit}, "
                                     f"--max-queued-requests); retry later")
+        resolved = []
         for _, ids in prompts:
             try:
-                self.engine.validate(ids, params)
+                resolved.append(self.engine.validate(ids, params))
             except ValueError as e:
                 raise from_value_error(e, names) from None
+        if self.on_admit is not None:
+            for max_tokens in resolved:
+                self.on_admit(max_tokens)
 
     # -- endpoints -------------------------------------------------------------------------------------
     async def completions(self, req: CompletionRequest, http: HTTPRequest) -> Response:
@@ -186,6 +205,7 @@ class OpenAIServing:
             prompts = self._completion_prompts(req)
         job = _Job("completion", f"cmpl-{uuid.uuid4().hex}", int(time.time()), prompts, params, req.stream,
                    bool(req.stream_options and req.stream_options.include_usage), req.logprobs, req.echo)
+        self._stream_extras(job, req)
         return await self._run(job, http)
 
     def _completion_prompts(self, req: CompletionRequest) -> list[Prompt]:
@@ -221,9 +241,16 @@ class OpenAIServing:
             ids = await asyncio.to_thread(self._apply_chat_template, req)
         else:
             ids = self._apply_chat_template(req)
-        job = _Job("chat", f"chatcmpl-{uuid.uuid4().hex}", int(time.time()), [(None, ids)], params, req.stream,
-                   bool(req.stream_options and req.stream_options.include_usage), logprobs, names=names)
+        echoed = echo_prefix(self._chat_messages(req), self.options.response_role) if req.echo else None
+        job = _Job("chat", f"chatcmpl-{uuid.uuid4().hex}", int(time.time()), [(echoed, ids)], params, req.stream,
+                   bool(req.stream_options and req.stream_options.include_usage), logprobs, req.echo, names=names)
+        self._stream_extras(job, req)
         return await self._run(job, http)
+
+    @staticmethod
+    def _stream_extras(job: _Job, req) -> None:
+        job.continuous_usage = bool(req.stream_options and req.stream_options.continuous_usage_stats)
+        job.token_ids_as_text = req.return_tokens_as_token_ids
 
     @staticmethod
     def _check_chat_fields(req: ChatCompletionRequest) -> None:
@@ -235,23 +262,35 @@ class OpenAIServing:
         if req.modalities is not None and req.modalities != ["text"]:
             raise APIError(400, "only the text modality is supported", "modalities")
 
-    def _apply_chat_template(self, req: ChatCompletionRequest) -> list[int]:
-        if self.tokenizer is None or not getattr(self.tokenizer, "chat_template", None):
-            raise APIError(400, "this model has no chat template: use /v1/completions", "messages")
+    @staticmethod
+    def _chat_messages(req) -> list[dict]:
         messages = []
-        for m in req.messages:
-            content = m.content if isinstance(m.content, str) or m.content is None else "".join(
-                part.text for part in m.content)
-            msg = {"role": m.role, "content": content or ""}
+        for i, m in enumerate(req.messages):
+            msg = {"role": m.role, "content": message_text(m.content, i)}
             if m.name is not None:
                 msg["name"] = m.name
             messages.append(msg)
+        return messages
+
+    def _apply_chat_template(self, req) -> list[int]:
+        """`req`: a chat completion or a /tokenize request (messages and the template fields)."""
+        template = req.chat_template or self.options.chat_template
+        if self.tokenizer is None or not (template or getattr(self.tokenizer, "chat_template", None)):
+            raise APIError(400, "this model has no chat template: use /v1/completions", "messages")
+        messages = self._chat_messages(req)
+        check_template_flags(req.add_generation_prompt, req.continue_final_message, messages)
         if _chat_chars(req) > self._max_prompt_chars:
             raise APIError(400, f"the messages are longer than this model's context of "
                                 f"{self.engine.config.scheduler.max_model_len} tokens can hold: shorten them",
                            "messages")
         try:
-            return encode_chat(self.tokenizer, messages, req.add_generation_prompt)
+            return encode_chat(self.tokenizer, messages, req.add_generation_prompt, chat_template=template,
+                               continue_final_message=req.continue_final_message,
+                               chat_template_kwargs=req.chat_template_kwargs)
+        except ValueError as e:
+            if "chat_template_kwargs" in str(e):
+                raise APIError(400, str(e), "chat_template_kwargs") from None
+            raise APIError(400, f"the chat template rejected the messages: {e}", "messages") from None
         except Exception as e:  # jinja raises on conversations the template rejects
             raise APIError(400, f"the chat template rejected the messages: {e}", "messages") from None
 
@@ -264,6 +303,9 @@ class OpenAIServing:
                     self.engine.config.scheduler.max_model_len - longest):
                 job.params.max_tokens = room
         self._admit(job.prompts, job.params, job.names)
+        if self.options.enable_log_requests:
+            logger.info("Received request %s: prompt tokens %s, params %s", job.request_id,
+                        [len(ids) for _, ids in job.prompts], job.params)
         job.choices = [_Choice() for _ in range(len(job.prompts) * job.params.n)]
         streams = await self._start(job)
         merged = streams[0] if len(streams) == 1 else _merge(streams)
@@ -362,7 +404,9 @@ class OpenAIServing:
     def _usage(self, job: _Job, final: list[RequestOutput | None]) -> dict:
         prompt = sum(len(ids) for _, ids in job.prompts)
         completion = sum(len(c.token_ids) for out in final if out is not None for c in out.outputs)
-        return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+        cached = sum(out.num_cached_tokens for out in final if out is not None)
+        return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
+                "prompt_tokens_details": {"cached_tokens": cached}}
 
     def _response_body(self, job: _Job, final: list[RequestOutput]) -> dict:
         choices = []
@@ -371,7 +415,8 @@ class OpenAIServing:
             for c in out.outputs:
                 index = p * n + c.index
                 if job.kind == "chat":
-                    choices.append({"index": index, "message": {"role": "assistant", "content": c.text},
+                    text = (self._prompt_text(job, p) + c.text) if job.echo else c.text
+                    choices.append({"index": index, "message": {"role": self.options.response_role, "content": text},
                                     "logprobs": self._logprobs(job, c, 0, job.choices[index]),
                                     "finish_reason": c.finish_reason, "stop_reason": c.stop_reason})
                 else:
@@ -382,11 +427,12 @@ class OpenAIServing:
         choices.sort(key=lambda ch: ch["index"])
         return {"id": job.request_id, "object": "chat.completion" if job.kind == "chat" else "text_completion",
                 "created": job.created, "model": self.model_name, "choices": choices,
-                "usage": self._usage(job, final), "system_fingerprint": None}
+                "usage": self._usage(job, final), "system_fingerprint": SYSTEM_FINGERPRINT}
 
     async def _sse(self, job: _Job, stream) -> AsyncIterator[str]:
         obj = "chat.completion.chunk" if job.kind == "chat" else "text_completion"
-        head = {"id": job.request_id, "object": obj, "created": job.created, "model": self.model_name}
+        head = {"id": job.request_id, "object": obj, "created": job.created, "model": self.model_name,
+                "system_fingerprint": SYSTEM_FINGERPRINT}
         if job.include_usage:
             head["usage"] = None
         n = job.params.n
@@ -398,8 +444,11 @@ class OpenAIServing:
                     break
                 final[p] = out
                 choices = [ch for c in out.outputs if (ch := self._delta(job, p * n + c.index, p, c)) is not None]
-                if choices:
-                    yield _sse({**head, "choices": choices})
+                for choice in choices:  # one choice per chunk, as vLLM sends them (clients read choices[0])
+                    chunk = {**head, "choices": [choice]}
+                    if job.continuous_usage:
+                        chunk["usage"] = self._usage(job, final)
+                    yield _sse(chunk)
             else:
                 if job.timed_out:
                     yield _sse(self._timeout_error().body())
@@ -426,13 +475,13 @@ class OpenAIServing:
         logprobs = self._logprobs(job, c, st.num_tokens, st)
         st.num_chars, st.num_tokens = max(st.num_chars, len(c.text)), len(c.token_ids)
         st.finished = c.finish_reason is not None
+        if job.echo and not st.started:
+            text = self._prompt_text(job, p) + text
         if job.kind == "chat":
             delta = {"content": text}
             if not st.started:
-                delta["role"] = "assistant"
+                delta["role"] = self.options.response_role
         else:
-            if job.echo and not st.started:
-                text = self._prompt_text(job, p) + text
             delta = None
         st.started = True
         choice = {"index": index}
@@ -446,7 +495,9 @@ class OpenAIServing:
         return choice
 
     # -- logprobs ----------------------------------------------------------------------------------------
-    def _token_str(self, token_id: int) -> str:
+    def _token_str(self, token_id: int, as_id: bool = False) -> str:
+        if as_id:
+            return f"token_id:{token_id}"
         s = self._token_text.get(token_id)
         if s is None:
             s = (self.tokenizer.decode([token_id]) if self.tokenizer is not None else f"token_id:{token_id}")
@@ -459,19 +510,20 @@ class OpenAIServing:
         if job.logprobs is None or c.logprobs is None:
             return None
         tokens, token_logprobs, top, offsets, content = [], [], [], [], []
+        as_id = job.token_ids_as_text
         for tid, lp in zip(c.token_ids[start:], c.logprobs[start:], strict=False):
-            s = self._token_str(tid)
+            s = self._token_str(tid, as_id)
             value = _finite(lp.get(tid, -math.inf))
             ranked = sorted(lp.items(), key=lambda kv: -kv[1])
             if job.kind == "chat":
                 content.append({"token": s, "logprob": value, "bytes": list(s.encode("utf-8")),
-                                "top_logprobs": [{"token": (t := self._token_str(i)), "logprob": _finite(v),
+                                "top_logprobs": [{"token": (t := self._token_str(i, as_id)), "logprob": _finite(v),
                                                   "bytes": list(t.encode("utf-8"))}
                                                  for i, v in ranked[:job.logprobs]]})
             else:
                 tokens.append(s)
                 token_logprobs.append(value)
-                top.append({self._token_str(i): _finite(v) for i, v in ranked})
+                top.append({self._token_str(i, as_id): _finite(v) for i, v in ranked})
                 offsets.append(st.text_offset)
                 st.text_offset += len(s)
         if job.kind == "chat":
@@ -531,8 +583,34 @@ async def _merge(streams: list) -> AsyncIterator[tuple[int, RequestOutput]]:
 
 def _chat_chars(req: ChatCompletionRequest) -> int:
     """Characters of text in a conversation (what its tokenization costs grows with)."""
-    return sum(len(m.content) if isinstance(m.content, str) else sum(len(p.text) for p in m.content or ())
+    return sum(len(m.content) if isinstance(m.content, str) else sum(len(p.text or "") for p in m.content or ())
                for m in req.messages)
+
+
+def token_id_keys(logit_bias: dict[str, float] | None) -> dict[int, float] | None:
+    """OpenAI's logit_bias keys are token ids written as strings."""
+    if logit_bias is None:
+        return None
+    bad = next((k for k in logit_bias if not k.strip().lstrip("-").isdigit() or len(k) > 20), None)
+    if bad is not None:
+        raise APIError(400, f"logit_bias: the key {bad[:40]!r} is not a token id", "logit_bias")
+    return {int(k): v for k, v in logit_bias.items()}
+
+
+def with_default_sampling(values: dict, req, defaults: dict) -> dict:
+    """The request's sampling values, where it set none the model's defaults (--generation-config): a field the
+    request left out (pydantic's fields_set) takes the default; max_tokens it left out is capped by it."""
+    if not defaults:
+        return values
+    given = req.model_fields_set
+    out = dict(values)
+    for name, value in defaults.items():
+        if name == "max_tokens":
+            if not given & {"max_tokens", "max_completion_tokens"}:
+                out["max_tokens"] = value if values["max_tokens"] is None else min(values["max_tokens"], value)
+        elif name not in given:
+            out[name] = value
+    return out
 
 
 def _engine_failure(error: str) -> APIError:

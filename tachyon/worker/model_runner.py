@@ -301,7 +301,8 @@ class ModelRunner:
             handle.event.synchronize()
         out = handle.sample.to_output()
         accepted = handle.num_accepted.tolist() if handle.num_accepted is not None else None
-        return ModelRunnerOutput(handle.reqs, out.token_ids, out.logprobs, out.sampled_logprobs, accepted)
+        return ModelRunnerOutput(handle.reqs, out.token_ids, out.logprobs, out.sampled_logprobs, num_accepted=accepted,
+                                 sampled_ranks=out.sampled_ranks)
 
     def drop_in_flight(self) -> None:
         """Forget every step not yet collected (after a failure the engine cannot pin on one request)."""

@@ -1,4 +1,5 @@
-"""Sampling on the device: penalties, temperature, top-k, top-p, min-p, per-request seeds, logprobs.
+"""Sampling on the device: logit bias, allowed tokens, bad words, penalties, temperature, top-k, top-p, min-p,
+per-request seeds, logprobs (of the model's raw distribution, as vLLM's default).
 
 Random rows sample with the exponential race: argmax(p / q) with q ~ Exp(1) picks token i with
 probability p_i. A seeded request draws its q from its own generator, one vector per step, so what it
@@ -24,6 +25,7 @@ class SamplerOutput:
     # per row: {token_id: logprob} of the top-N and the sampled token, or None
     logprobs: list[dict[int, float] | None]
     sampled_logprobs: list[float | None]
+    sampled_ranks: list[int | None]  # 1 + how many tokens were more likely than the sampled one
 
 
 @dataclass
@@ -35,15 +37,16 @@ class DeviceSample:
     chosen: torch.Tensor | None = None  # [S] logprob of each sampled token
     top_vals: torch.Tensor | None = None  # [S, k]
     top_ids: torch.Tensor | None = None
+    ranks: torch.Tensor | None = None  # [S] rank of each sampled token (1 = the most likely)
 
     def tensors(self) -> list[torch.Tensor]:
-        return [t for t in (self.token_ids, self.chosen, self.top_vals, self.top_ids) if t is not None]
+        return [t for t in (self.token_ids, self.chosen, self.top_vals, self.top_ids, self.ranks) if t is not None]
 
     def with_tensors(self, ts: list[torch.Tensor]) -> DeviceSample:
         it = iter(ts)
         pick = lambda t: None if t is None else next(it)  # noqa: E731
         return DeviceSample(pick(self.token_ids), self.want_logprobs, pick(self.chosen), pick(self.top_vals),
-                            pick(self.top_ids))
+                            pick(self.top_ids), pick(self.ranks))
 
     def to_output(self) -> SamplerOutput:
         """The host lists (waits for the device if the tensors live there)."""
@@ -51,8 +54,10 @@ class DeviceSample:
         S = len(token_list)
         out_lp: list[dict[int, float] | None] = [None] * S
         sampled_lp: list[float | None] = [None] * S
+        sampled_rank: list[int | None] = [None] * S
         if self.chosen is not None:
             chosen = self.chosen.tolist()
+            ranks = self.ranks.tolist()
             top_vals = self.top_vals.tolist() if self.top_vals is not None else None
             top_ids = self.top_ids.tolist() if self.top_ids is not None else None
             for i, n in enumerate(self.want_logprobs):
@@ -64,7 +69,8 @@ class DeviceSample:
                         d.setdefault(tid, v)
                 out_lp[i] = d
                 sampled_lp[i] = chosen[i]
-        return SamplerOutput(token_list, out_lp, sampled_lp)
+                sampled_rank[i] = ranks[i]
+        return SamplerOutput(token_list, out_lp, sampled_lp, sampled_rank)
 
 
 class Sampler:
@@ -103,6 +109,7 @@ class Sampler:
             if k > 0:
                 out.top_vals, out.top_ids = raw_logprobs.topk(k, dim=-1)
             out.chosen = raw_logprobs.gather(1, tokens.view(-1, 1)).squeeze(1)
+            out.ranks = (raw_logprobs > out.chosen.unsqueeze(1)).sum(dim=-1) + 1
         return out
 
     def __call__(self, logits: torch.Tensor, reqs: list[Sequence], num_outputs: list[int] | None = None
@@ -112,12 +119,40 @@ class Sampler:
     # -- logits processing ----------------------------------------------------------------------------------
     def process_logits(self, logits: torch.Tensor, reqs: list[Sequence], num_outputs: list[int] | None = None
                        ) -> torch.Tensor:
-        """Penalties, and stop tokens masked before min_tokens (num_outputs: as in sample_tokens)."""
+        """logit_bias / allowed_token_ids / bad words, penalties, and stop tokens masked before min_tokens
+        (num_outputs: as in sample_tokens)."""
         logits = logits[:, : self.vocab_size]
+        logits = self._apply_logit_processors(logits, reqs)
         logits = self._apply_penalties(logits, reqs)
         if num_outputs is None:
             num_outputs = [r.num_output_tokens for r in reqs]
         return self._mask_stop_before_min_tokens(logits, reqs, num_outputs)
+
+    def _apply_logit_processors(self, logits: torch.Tensor, reqs: list[Sequence]) -> torch.Tensor:
+        """logit_bias (added), allowed_token_ids (all others -inf), bad words (a word's last token -inf where the
+        output ends with the rest of it; a one-token word always). Multi-token bad words read the output, so
+        their sequences run with no step ahead in flight (scheduler.reads_history)."""
+        rows = [i for i, r in enumerate(reqs) if (r.sampling_params.logit_bias or r.sampling_params.allowed_token_ids
+                                                  or r.sampling_params.bad_words_token_ids)]
+        if not rows:
+            return logits
+        logits = logits.clone()
+        dev = logits.device
+        for i in rows:
+            r, sp = reqs[i], reqs[i].sampling_params
+            if sp.allowed_token_ids:
+                keep = torch.tensor(sp.allowed_token_ids, device=dev)
+                row = torch.full_like(logits[i], _NEG_INF)
+                row[keep] = logits[i, keep]
+                logits[i] = row
+            if sp.logit_bias:
+                ids = torch.tensor(list(sp.logit_bias), device=dev)
+                logits[i, ids] += torch.tensor(list(sp.logit_bias.values()), device=dev, dtype=logits.dtype)
+            banned = [w[-1] for w in sp.bad_words_token_ids or ()
+                      if len(w) == 1 or r.output_token_ids[-(len(w) - 1):] == w[:-1]]
+            if banned:
+                logits[i, torch.tensor(banned, device=dev)] = _NEG_INF
+        return logits
 
     def _apply_penalties(self, logits: torch.Tensor, reqs: list[Sequence]) -> torch.Tensor:
         rows = [i for i, r in enumerate(reqs) if (r.sampling_params.repetition_penalty != 1.0

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from tachyon import SamplingParams
@@ -48,9 +49,10 @@ def test_logprobs_match_transformers_log_softmax(llm, hf_embedded):
         row = ref[len(ids) - 1 + step]
         top = row.topk(5)
         assert set(lp) == set(top.indices.tolist()) | {tok}
-        for tid, v in lp.items():
-            assert abs(v - row[tid].item()) < 1e-4
-        total += lp[tok]
+        for tid, v in lp.items():  # vLLM's Logprob objects: value, rank in the whole vocabulary, text
+            assert abs(v.logprob - row[tid].item()) < 1e-4 and v.decoded_token == llm.get_tokenizer().decode([tid])
+            assert 1 + int((row > row[tid] + 1e-4).sum()) <= v.rank <= int((row > row[tid] - 1e-4).sum())
+        total += lp[tok].logprob
     assert abs(out.cumulative_logprob - total) < 1e-4
 
 
@@ -68,6 +70,36 @@ def test_filters_only_keep_allowed_tokens():
         for i, t in enumerate(s(logits, reqs).token_ids):
             seen[i].add(t)
     assert seen[0] == {0, 1} and seen[1] == {0} and seen[2] == {0, 1} and seen[3] == {0}
+
+
+def test_logit_bias_allowed_token_ids_and_bad_words():
+    s = Sampler(vocab_size=6, device=torch.device("cpu"), seed=0)
+    logits = torch.tensor([[3.0, 2.0, 1.0, 0.0, -1.0, -2.0]])
+    greedy = dict(temperature=0)
+    assert s(logits, [_req(SamplingParams(**greedy, logit_bias={4: 5.0}))]).token_ids == [4]  # -1 + 5 = 4 > 3
+    assert s(logits, [_req(SamplingParams(**greedy, logit_bias={0: -100}))]).token_ids == [1]
+    allowed = _req(SamplingParams(temperature=1.0, allowed_token_ids=[3, 5]))
+    assert {s(logits, [allowed]).token_ids[0] for _ in range(100)} == {3, 5}
+    biased_allowed = _req(SamplingParams(**greedy, allowed_token_ids=[3, 5], logit_bias={5: 3.0}))
+    assert s(logits, [biased_allowed]).token_ids == [5]
+    # a one-token bad word is never sampled; a two-token one only loses its last token after its first
+    one = _req(SamplingParams(**greedy, bad_words_token_ids=[[0]]))
+    two = _req(SamplingParams(**greedy, bad_words_token_ids=[[4, 0]]), tokens=(1, 2))
+    assert s(logits.repeat(2, 1), [one, two]).token_ids == [1, 0]
+    two.token_ids.append(4)  # the output now ends with the word's first token
+    assert s(logits.repeat(2, 1), [one, two]).token_ids == [1, 1]
+    # logprobs stay the model's own distribution
+    lp = s(logits, [_req(SamplingParams(**greedy, logit_bias={4: 5.0}, logprobs=1))]).logprobs[0]
+    assert lp[4] == pytest.approx(torch.log_softmax(logits[0], -1)[4].item())
+
+
+def test_logit_processor_fields_are_checked():
+    with pytest.raises(ValueError, match="logit_bias=.*numbers in \\[-100, 100\\]"):
+        SamplingParams(logit_bias={1: 101})
+    with pytest.raises(ValueError, match="allowed_token_ids=\\[\\]"):
+        SamplingParams(allowed_token_ids=[])
+    with pytest.raises(ValueError, match="bad_words=\\[''\\]"):
+        SamplingParams(bad_words=[""])
 
 
 def test_penalties_and_min_tokens():

@@ -61,6 +61,7 @@ class OpenAIBackend(Backend):
         self.timeout = getattr(args, "request_timeout", 600.0)
         self.seed = getattr(args, "seed", 0) or 0
         self.api_key = getattr(args, "api_key", None)
+        self.ignore_eos = getattr(args, "ignore_eos", True)
         self._tok = None
         self._vocab = None
         self.startup_s = 0.0
@@ -135,7 +136,7 @@ class OpenAIBackend(Backend):
 
     def body(self, r: BenchRequest) -> dict:
         return {"model": self.model_name, "prompt": self._prompt(r), "max_tokens": r.output_len,
-                "temperature": 0.0, "stream": True, "ignore_eos": True,
+                "temperature": 0.0, "stream": True, "ignore_eos": self.ignore_eos,
                 "stream_options": {"include_usage": True}}
 
     # -- running ----------------------------------------------------------------------------------------------

@@ -16,6 +16,7 @@ class TachyonBackend(Backend):
         from tachyon.engine_args import EngineArgs
 
         self.args = EngineArgs.from_cli_args(args)
+        self.ignore_eos = getattr(args, "ignore_eos", True)
         self.engine = None
         self.startup_s = None
         self._n = 0
@@ -44,7 +45,7 @@ class TachyonBackend(Backend):
         results = [RequestResult(r.prompt_len, r.output_len) for r in reqs]
         for r in reqs:  # validate everything before anything is timed
             eng.validate(r.prompt_token_ids, SamplingParams(temperature=0.0, max_tokens=r.output_len,
-                                                            ignore_eos=True))
+                                                            ignore_eos=self.ignore_eos))
         ids = {}
         before = eng.stats()
         t0 = now()
@@ -54,7 +55,7 @@ class TachyonBackend(Backend):
             self._n += 1
             ids[rid] = i
             results[i].start = t0
-            sp = SamplingParams(temperature=0.0, max_tokens=r.output_len, ignore_eos=True)
+            sp = SamplingParams(temperature=0.0, max_tokens=r.output_len, ignore_eos=self.ignore_eos)
             eng.add_request(rid, None, r.prompt_token_ids, sp, arrival_time=arrival)
         pending = set(ids)
         interrupted = False
