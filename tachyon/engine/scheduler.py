@@ -12,7 +12,9 @@ the scheduler answers `sync` and the engine lets the steps in flight land:
     a running sequence needs a block and none is free   ─► preempt the newest running sequence (its blocks
                                                             are freed and it recomputes later, or its KV is
                                                             swapped out to the CPU)
-    a sequence's sampling reads its own history         ─► penalties: it runs with nothing else in flight
+    a sequence's sampling reads its own history         ─► penalties, or a grammar (its next mask follows from
+                                                            every token before): it runs with nothing else in
+                                                            flight
 """
 
 from __future__ import annotations
@@ -27,9 +29,11 @@ from tachyon.interface import ModelRunnerOutput, ScheduledSeq, SchedulerOutput
 
 
 def reads_history(seq: Sequence) -> bool:
-    """Whether sampling this sequence reads its own output tokens (penalties): then it needs them all known."""
+    """Whether sampling this sequence reads its own output tokens (penalties, a grammar's matcher): then it
+    needs them all known."""
     sp = seq.sampling_params
-    return sp.repetition_penalty != 1.0 or sp.presence_penalty != 0.0 or sp.frequency_penalty != 0.0
+    return (seq.grammar is not None or sp.repetition_penalty != 1.0 or sp.presence_penalty != 0.0
+            or sp.frequency_penalty != 0.0)
 
 
 class Scheduler:
@@ -167,6 +171,8 @@ class Scheduler:
                     row = sampled[id(seq)]
                     token = result.token_ids[row]
                     seq.token_ids.append(token)
+                    if seq.grammar is not None:
+                        seq.grammar.accept(token)
                 if min(seq.num_computed_tokens, len(seq.token_ids)) >= (seq.num_registered_blocks + 1) * bs:
                     self.kv.cache_computed_blocks(seq)  # a block just filled up
                 if not s.sample:
@@ -185,6 +191,8 @@ class Scheduler:
     def _check_token_stop(self, seq: Sequence, token: int) -> None:
         sp = seq.sampling_params
         n_out = seq.num_output_tokens
+        if seq.grammar is not None and seq.grammar.is_terminated:  # it took a stop token its grammar allowed
+            return self.finish(seq, SequenceStatus.FINISHED_STOPPED)
         if n_out >= sp.min_tokens:
             if not sp.ignore_eos and token in seq.eos_token_ids:
                 return self.finish(seq, SequenceStatus.FINISHED_STOPPED)

@@ -7,8 +7,8 @@ so the offline API and the server give the same messages.
 Three rules about fields, as OpenAI's API has them:
   * `null` means "not given": the field's default (`max_tokens: null` on completions is 16).
   * A field nobody here knows is a 400 naming it (OpenAI: "Unrecognized request argument"), and so is a
-    known field whose meaning is not implemented (`response_format`, `tools`, `guided_json`, ...): a silent
-    200 would answer a different question than the one asked.
+    known field whose meaning is not implemented (`functions`, `logit_bias`, ...): a silent 200 would answer
+    a different question than the one asked.
   * Fields that change nothing about the answer (`user`, `metadata`, `store`, ...) are accepted and ignored.
 """
 
@@ -20,9 +20,9 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 # Fields OpenAI or vLLM define whose meaning this server does not implement yet: the message a client gets.
 UNSUPPORTED = {
-    **{k: "structured outputs are not supported yet" for k in (
-        "guided_json", "guided_regex", "guided_choice", "guided_grammar", "guided_decoding_backend",
-        "guided_whitespace_pattern", "structured_outputs", "json_schema")},
+    "guided_decoding_backend": "the structured-outputs backend is always xgrammar",
+    "guided_whitespace_pattern": "guided_whitespace_pattern is not supported (JSON is generated compactly)",
+    "json_schema": "json_schema belongs inside response_format: {\"type\": \"json_schema\", \"json_schema\": ...}",
     "functions": "function calling is not supported yet",
     "function_call": "function calling is not supported yet",
     "prompt_logprobs": "prompt logprobs are not supported",
@@ -65,6 +65,16 @@ class StreamOptions(_Strict):
     continuous_usage_stats: bool = False
 
 
+class StructuredOutputs(_Strict):
+    """vLLM's `structured_outputs` object: exactly one of these."""
+
+    json_schema: dict[str, Any] | str | None = Field(None, alias="json")  # `json` would shadow BaseModel.json
+    regex: str | None = None
+    choice: list[str] | None = None
+    grammar: str | None = None
+    json_object: bool | None = None
+
+
 class _SamplingFields(_Strict):
     """The fields both endpoints share (OpenAI's plus vLLM's extras: top_k, min_p, repetition_penalty, ...)."""
 
@@ -88,7 +98,12 @@ class _SamplingFields(_Strict):
     stream_options: StreamOptions | None = None
     best_of: int | None = None
     logit_bias: dict[str, float] | None = None
-    response_format: dict[str, Any] | None = None  # only {"type": "text"} (the default) is served
+    response_format: dict[str, Any] | None = None  # text, json_object, json_schema (tachyon.server.structured)
+    structured_outputs: StructuredOutputs | None = None
+    guided_json: dict[str, Any] | str | None = None
+    guided_regex: str | None = None
+    guided_choice: list[str] | None = None
+    guided_grammar: str | None = None
     # accepted and ignored: they change nothing about the answer
     user: str | None = None
     metadata: dict[str, str] | None = None

@@ -27,9 +27,10 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from tachyon.engine.async_engine import AsyncEngine, EngineDeadError, QueueFullError
 from tachyon.engine.chat import encode_chat
 from tachyon.outputs import CompletionOutput, RequestOutput
-from tachyon.sampling_params import SamplingParams
+from tachyon.sampling_params import SamplingParams, StructuredOutputsParams
 from tachyon.server.errors import APIError, error_body, from_value_error
 from tachyon.server.protocol import ChatCompletionRequest, CompletionRequest
+from tachyon.server.structured import compile_off_loop, structured_spec
 
 Prompt = tuple[str | None, list[int]]  # (text if the client sent text, token ids)
 _OFF_LOOP_CHARS = 16_384  # prompts this long are tokenized (chat-templated) in a worker thread
@@ -119,14 +120,12 @@ class OpenAIServing:
             self.engine.abort_request(request_id)  # the loop is stepping while requests are live: no wake
 
     def _sampling_params(self, req, max_tokens: int | None, logprobs: int | None,
-                         names: dict[str, str] | None = None) -> SamplingParams:
+                         names: dict[str, str] | None = None,
+                         structured: StructuredOutputsParams | None = None) -> SamplingParams:
         if req.best_of is not None and req.best_of != req.n:
             raise APIError(400, "best_of other than n is not supported", "best_of")
         if req.logit_bias:
             raise APIError(400, "logit_bias is not supported", "logit_bias")
-        if req.response_format is not None and req.response_format != {"type": "text"}:
-            raise APIError(400, "response_format other than {\"type\": \"text\"} is not supported yet "
-                                "(structured outputs)", "response_format")
         if req.stream_options is not None and not req.stream:
             raise APIError(400, "stream_options is only allowed when stream is true", "stream_options")
         try:
@@ -136,7 +135,7 @@ class OpenAIServing:
                 frequency_penalty=req.frequency_penalty, seed=req.seed, stop=req.stop,
                 stop_token_ids=req.stop_token_ids, ignore_eos=req.ignore_eos, max_tokens=max_tokens,
                 min_tokens=req.min_tokens, logprobs=logprobs, skip_special_tokens=req.skip_special_tokens,
-                include_stop_str_in_output=req.include_stop_str_in_output)
+                include_stop_str_in_output=req.include_stop_str_in_output, structured_outputs=structured)
         except ValueError as e:
             raise from_value_error(e, names) from None
 
@@ -177,7 +176,10 @@ class OpenAIServing:
             raise APIError(400, "suffix is not supported", "suffix")
         if req.echo and req.logprobs is not None:
             raise APIError(400, "echo with logprobs is not supported (no prompt logprobs)", "echo")
-        params = self._sampling_params(req, req.max_tokens, req.logprobs)
+        spec, spec_field = structured_spec(req)
+        params = self._sampling_params(req, req.max_tokens, req.logprobs, structured=spec)
+        if spec is not None:
+            await compile_off_loop(self.engine.grammars, spec, spec_field)
         p = req.prompt
         texts = [p] if isinstance(p, str) else [x for x in p if isinstance(x, str)]
         if sum(len(t) for t in texts) >= _OFF_LOOP_CHARS:  # a long text tokenizes in a thread: /health answers
@@ -216,7 +218,10 @@ class OpenAIServing:
         max_name = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
         max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
         names = {"logprobs": "top_logprobs", "max_tokens": max_name, "prompt": "messages"}
-        params = self._sampling_params(req, max_tokens, logprobs, names)
+        spec, spec_field = structured_spec(req)
+        params = self._sampling_params(req, max_tokens, logprobs, names, spec)
+        if spec is not None:
+            await compile_off_loop(self.engine.grammars, spec, spec_field)
         if _chat_chars(req) >= _OFF_LOOP_CHARS:
             ids = await asyncio.to_thread(self._apply_chat_template, req)
         else:
