@@ -151,12 +151,15 @@ def _is_json(content_type: str) -> bool:
 
 def create_app(async_engine: AsyncEngine, model_name: str, api_key: str | Sequence[str] | None = None,
                model_path: str | None = None, *, max_request_body_bytes: int | None = 16 * 2**20,
-               metrics_require_api_key: bool = False, request_timeout: float | None = None) -> FastAPI:
+               metrics_require_api_key: bool = False, request_timeout: float | None = None,
+               tool_call_parser: str | None = None) -> FastAPI:
     """`api_key`: one key or several (default: $TACHYON_API_KEY, comma-separated); with any, /v1 routes and the
     API docs need one, and /metrics too if `metrics_require_api_key`. `max_request_body_bytes=None`: no limit.
-    `request_timeout`: seconds from arrival after which a request is aborted (None: no limit)."""
+    `request_timeout`: seconds from arrival after which a request is aborted (None: no limit). `tool_call_parser`:
+    the format tool_choice "auto" reads (tachyon.server.tool_parsers)."""
     api_keys = _api_keys(api_key)
-    serving = OpenAIServing(async_engine, model_name, request_timeout=request_timeout)
+    serving = OpenAIServing(async_engine, model_name, request_timeout=request_timeout,
+                            tool_call_parser=tool_call_parser)
     metrics = ServerMetrics(async_engine.engine, model_name)
     async_engine.on_step = metrics.on_step
     created = int(time.time())

@@ -31,6 +31,15 @@ from tachyon.sampling_params import SamplingParams, StructuredOutputsParams
 from tachyon.server.errors import APIError, error_body, from_value_error
 from tachyon.server.protocol import ChatCompletionRequest, CompletionRequest
 from tachyon.server.structured import compile_off_loop, structured_spec
+from tachyon.server.tool_parsers import TOOL_PARSERS
+from tachyon.server.tools import (
+    ToolPlan,
+    ToolStream,
+    history_tool_calls,
+    message_with_calls,
+    plan_tools,
+    template_messages,
+)
 
 Prompt = tuple[str | None, list[int]]  # (text if the client sent text, token ids)
 _OFF_LOOP_CHARS = 16_384  # prompts this long are tokenized (chat-templated) in a worker thread
@@ -72,6 +81,7 @@ class _Choice:
     text_offset: int = 0
     finished: bool = False
     started: bool = False
+    tool: ToolStream | None = None  # a chat choice that may call tools
 
 
 @dataclass
@@ -90,10 +100,15 @@ class _Job:
     names: dict[str, str] | None = None  # engine field names -> this endpoint's (for error params)
     choices: list[_Choice] = field(default_factory=list)
     timed_out: bool = False
+    tools: ToolPlan | None = None  # chat with tools (tool_choice other than "none")
 
 
 class OpenAIServing:
-    def __init__(self, async_engine: AsyncEngine, model_name: str, request_timeout: float | None = None):
+    def __init__(self, async_engine: AsyncEngine, model_name: str, request_timeout: float | None = None,
+                 tool_call_parser: str | None = None):
+        if tool_call_parser is not None and tool_call_parser not in TOOL_PARSERS:
+            raise ValueError(f"unknown tool-call parser {tool_call_parser!r}; choose one of {sorted(TOOL_PARSERS)}")
+        self.tool_call_parser = tool_call_parser  # how tool_choice "auto" reads the model's calls
         self.async_engine = async_engine
         self.request_timeout = request_timeout  # seconds from arrival; then the request is aborted
         self.engine = async_engine.engine
@@ -219,28 +234,31 @@ class OpenAIServing:
         max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
         names = {"logprobs": "top_logprobs", "max_tokens": max_name, "prompt": "messages"}
         spec, spec_field = structured_spec(req)
+        plan = plan_tools(req, self.tool_call_parser)
+        if plan is not None and plan.spec is not None:
+            if spec is not None:
+                raise APIError(400, f"tool_choice {plan.mode} constrains the output itself: drop {spec_field}",
+                               spec_field)
+            spec, spec_field = plan.spec, "tools"
         params = self._sampling_params(req, max_tokens, logprobs, names, spec)
+        if plan is not None and plan.parser is not None and not plan.parser.skip_special_tokens:
+            params.skip_special_tokens = False  # the format's marker is a special token
         if spec is not None:
             await compile_off_loop(self.engine.grammars, spec, spec_field)
         if _chat_chars(req) >= _OFF_LOOP_CHARS:
-            ids = await asyncio.to_thread(self._apply_chat_template, req)
+            ids = await asyncio.to_thread(self._apply_chat_template, req, plan)
         else:
-            ids = self._apply_chat_template(req)
+            ids = self._apply_chat_template(req, plan)
         job = _Job("chat", f"chatcmpl-{uuid.uuid4().hex}", int(time.time()), [(None, ids)], params, req.stream,
-                   bool(req.stream_options and req.stream_options.include_usage), logprobs, names=names)
+                   bool(req.stream_options and req.stream_options.include_usage), logprobs, names=names, tools=plan)
         return await self._run(job, http)
 
     @staticmethod
     def _check_chat_fields(req: ChatCompletionRequest) -> None:
-        if req.tools and req.tool_choice != "none":
-            raise APIError(400, "tool calling is not supported yet: send tools only with tool_choice \"none\"",
-                           "tool_choice" if req.tool_choice is not None else "tools")
-        if req.tool_choice not in (None, "none"):
-            raise APIError(400, "tool calling is not supported yet: tool_choice must be \"none\"", "tool_choice")
         if req.modalities is not None and req.modalities != ["text"]:
             raise APIError(400, "only the text modality is supported", "modalities")
 
-    def _apply_chat_template(self, req: ChatCompletionRequest) -> list[int]:
+    def _apply_chat_template(self, req: ChatCompletionRequest, plan: ToolPlan | None = None) -> list[int]:
         if self.tokenizer is None or not getattr(self.tokenizer, "chat_template", None):
             raise APIError(400, "this model has no chat template: use /v1/completions", "messages")
         messages = []
@@ -250,13 +268,19 @@ class OpenAIServing:
             msg = {"role": m.role, "content": content or ""}
             if m.name is not None:
                 msg["name"] = m.name
+            if m.tool_calls is not None:
+                msg["tool_calls"] = history_tool_calls(m.tool_calls)
+            if m.tool_call_id is not None:
+                msg["tool_call_id"] = m.tool_call_id
             messages.append(msg)
         if _chat_chars(req) > self._max_prompt_chars:
             raise APIError(400, f"the messages are longer than this model's context of "
                                 f"{self.engine.config.scheduler.max_model_len} tokens can hold: shorten them",
                            "messages")
+        tools = plan.tools if plan is not None else None
         try:
-            return encode_chat(self.tokenizer, messages, req.add_generation_prompt)
+            return encode_chat(self.tokenizer, template_messages(messages, tools, self.tokenizer.chat_template),
+                               req.add_generation_prompt, tools)
         except Exception as e:  # jinja raises on conversations the template rejects
             raise APIError(400, f"the chat template rejected the messages: {e}", "messages") from None
 
@@ -376,9 +400,12 @@ class OpenAIServing:
             for c in out.outputs:
                 index = p * n + c.index
                 if job.kind == "chat":
-                    choices.append({"index": index, "message": {"role": "assistant", "content": c.text},
+                    message, finish_reason = {"role": "assistant", "content": c.text}, c.finish_reason
+                    if job.tools is not None:
+                        message, finish_reason = message_with_calls(job.tools, c.text, c.finish_reason)
+                    choices.append({"index": index, "message": message,
                                     "logprobs": self._logprobs(job, c, 0, job.choices[index]),
-                                    "finish_reason": c.finish_reason, "stop_reason": c.stop_reason})
+                                    "finish_reason": finish_reason, "stop_reason": c.stop_reason})
                 else:
                     text = (self._prompt_text(job, p) + c.text) if job.echo else c.text
                     choices.append({"index": index, "text": text,
@@ -428,11 +455,20 @@ class OpenAIServing:
         text = c.text[st.num_chars:]
         if not text and c.finish_reason is None:
             return None  # tokens whose text is held back (partial UTF-8 or a possible stop string)
+        finish_reason = c.finish_reason
+        if job.tools is not None:
+            st.tool = st.tool or ToolStream(job.tools)
+            delta = st.tool.delta(c.text, c.finish_reason is not None)
+            if not delta and c.finish_reason is None:
+                return None  # held back: it may be a tool call
+            if st.tool.called and finish_reason == "stop":
+                finish_reason = "tool_calls"
         logprobs = self._logprobs(job, c, st.num_tokens, st)
         st.num_chars, st.num_tokens = max(st.num_chars, len(c.text)), len(c.token_ids)
         st.finished = c.finish_reason is not None
         if job.kind == "chat":
-            delta = {"content": text}
+            if job.tools is None:
+                delta = {"content": text}
             if not st.started:
                 delta["role"] = "assistant"
         else:
@@ -446,7 +482,7 @@ class OpenAIServing:
         else:
             choice["text"] = text
         choice["logprobs"] = logprobs
-        choice["finish_reason"] = c.finish_reason
+        choice["finish_reason"] = finish_reason
         choice["stop_reason"] = c.stop_reason
         return choice
 
