@@ -80,13 +80,17 @@ def prepare_runner(config: EngineConfig, runner: ModelRunner) -> tuple[int, int]
 
 
 def build_core(args: EngineArgs):
-    """In the engine-core process: the core alone (no tokenizer: the front end detokenizes), and what the
-    front end needs to know of it."""
+    """In the engine-core process: the core alone (the front end detokenizes; the tokenizer loads only for a
+    grammar), and what the front end needs to know of it."""
     from tachyon.engine.core import EngineCore
+    from tachyon.engine.structured_output import GrammarCompiler
 
     t0 = time.perf_counter()
     config, runner, num_blocks, num_cpu_blocks = build_runner(args)
-    core = EngineCore(config, runner, num_blocks, num_cpu_blocks, build_proposer(args, config, num_blocks))
+    # the tokenizer (for xgrammar's vocabulary) loads when the first constrained request arrives
+    grammars = GrammarCompiler(None, config.model.vocab_size, config.model.eos_token_ids,
+                               load_tokenizer=lambda: front_end_tokenizer(args))
+    core = EngineCore(config, runner, num_blocks, num_cpu_blocks, build_proposer(args, config, num_blocks), grammars)
     info = {"config": config, "num_kv_blocks": core.kv.num_blocks, "startup_time_s": time.perf_counter() - t0,
             "timings": dict(runner.timings)}
     logger.info("engine core ready in %.1fs: %d KV blocks of %d tokens", info["startup_time_s"], num_blocks,

@@ -27,6 +27,47 @@ def _out_of_range(name: str, value, allowed: str):
 
 
 @dataclass
+class StructuredOutputsParams:
+    """Output constrained to a grammar (vLLM's names): exactly one of these. `json` is a JSON schema (a dict or
+    its text), `regex` a regular expression the whole output matches, `choice` the strings the output may be,
+    `grammar` an EBNF grammar (xgrammar's GBNF dialect: `root ::= ...`), `json_object` any JSON object."""
+
+    json: str | dict | None = None
+    regex: str | None = None
+    choice: list[str] | None = None
+    grammar: str | None = None
+    json_object: bool | None = None
+
+    def __post_init__(self) -> None:
+        given = [k for k in ("json", "regex", "choice", "grammar", "json_object") if getattr(self, k) not in (None, False)]
+        if len(given) != 1:
+            raise InvalidRequestError(f"structured outputs take exactly one of json, regex, choice, grammar, "
+                                      f"json_object; got {given or 'none'}", "structured_outputs")
+        checks = {"json": lambda v: isinstance(v, (str, dict)), "regex": lambda v: isinstance(v, str),
+                  "grammar": lambda v: isinstance(v, str), "json_object": lambda v: v is True,
+                  "choice": lambda v: isinstance(v, (list, tuple)) and v and all(isinstance(c, str) for c in v)}
+        if not checks[given[0]](getattr(self, given[0])):
+            raise InvalidRequestError(f"structured_outputs.{given[0]} has the wrong type: json is a schema (object "
+                                      f"or string), regex and grammar are strings, choice a non-empty list of "
+                                      f"strings", "structured_outputs")
+
+    def key(self) -> tuple[str, str]:
+        """(kind, text): what a compiled grammar is cached by."""
+        import json
+
+        if self.json is not None:
+            text = self.json if isinstance(self.json, str) else json.dumps(self.json)  # property order is output order
+            return "json", text
+        if self.regex is not None:
+            return "regex", self.regex
+        if self.choice is not None:
+            return "choice", json.dumps(list(self.choice))
+        if self.grammar is not None:
+            return "grammar", self.grammar
+        return "json_object", ""
+
+
+@dataclass
 class SamplingParams:
     n: int = 1
     temperature: float = 1.0
@@ -51,6 +92,7 @@ class SamplingParams:
     # bad_words as token-id sequences: set by the front end from its tokenizer (each word with and without a
     # leading space, as vLLM does); the sampler bans a word's last token when the output ends with the rest
     bad_words_token_ids: list[list[int]] | None = None
+    structured_outputs: StructuredOutputsParams | None = None
     stop_strings: list[str] = field(init=False, default_factory=list)
 
     def __post_init__(self) -> None:
@@ -114,6 +156,13 @@ class SamplingParams:
         if len(ids) > MAX_STOP_TOKEN_IDS:
             bad("stop_token_ids", self.stop_token_ids, f"at most {MAX_STOP_TOKEN_IDS} token ids")
         self.stop_token_ids = [int(t) for t in ids]
+        so = self.structured_outputs
+        if so is not None:
+            if not isinstance(so, StructuredOutputsParams):
+                bad("structured_outputs", so, "it must be a StructuredOutputsParams")
+            if self.min_tokens:
+                bad("min_tokens", self.min_tokens, "it must be 0 with structured outputs (the grammar decides "
+                                                   "where the output ends)")
         self._verify_logit_processors()
 
     def _verify_logit_processors(self) -> None:

@@ -27,6 +27,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections import deque
+from concurrent.futures import Future, wait
 
 import torch
 
@@ -35,6 +36,7 @@ from tachyon.engine.kv_cache import KVCacheManager
 from tachyon.engine.messages import EngineCoreOutput, EngineCoreRequest, EngineStats
 from tachyon.engine.scheduler import Scheduler
 from tachyon.engine.sequence import Sequence, SequenceGroup, SequenceStatus
+from tachyon.engine.structured_output import GrammarCompiler
 from tachyon.interface import ModelRunner, ModelRunnerOutput, Proposer, SchedulerOutput
 from tachyon.outputs import RequestMetrics
 
@@ -55,8 +57,9 @@ def is_device_fault(e: BaseException) -> bool:
 
 class EngineCore:
     def __init__(self, config: EngineConfig, runner: ModelRunner, num_blocks: int, num_cpu_blocks: int = 0,
-                 proposer: Proposer | None = None):
+                 proposer: Proposer | None = None, grammars: GrammarCompiler | None = None):
         self.config = config
+        self.grammars = grammars  # structured outputs; None: such requests fail with a message saying why
         self.runner = runner
         self.kv = KVCacheManager(num_blocks, config.cache.block_size, config.cache.enable_prefix_caching,
                                  num_cpu_blocks=num_cpu_blocks)
@@ -70,6 +73,8 @@ class EngineCore:
         self._lock = threading.Lock()
         self._eos = frozenset(config.model.eos_token_ids)
         self._stats = EngineStats(num_kv_blocks=self.kv.num_blocks, block_size=self.kv.block_size)
+        # requests whose grammar is compiling (in the compiler's thread): they join the scheduler when it is ready
+        self._awaiting_grammar: list[tuple[SequenceGroup, Future]] = []
 
     # -- requests (any thread) ------------------------------------------------------------------------------
     def add_request(self, req: EngineCoreRequest) -> None:
@@ -122,8 +127,15 @@ class EngineCore:
                                              error=f"{type(e).__name__}: {e}") for i in range(req.sampling_params.n)]
                 continue
             self.groups[req.request_id] = g
-            self.scheduler.add(g.seqs[0])
             self._stats.prompt_tokens += len(req.prompt_token_ids)
+            spec = req.sampling_params.structured_outputs
+            if spec is None:
+                self.scheduler.add(g.seqs[0])
+            elif self.grammars is None:
+                outputs += self._fail(req.request_id, ValueError("this engine core has no grammar compiler "
+                                                                 "(structured outputs)"))
+            else:
+                self._awaiting_grammar.append((g, self.grammars.compile_async(spec)))
         for key, status in aborts:
             rid, _, index = key.partition("#")
             g = self.groups.get(rid)
@@ -137,6 +149,28 @@ class EngineCore:
                 outputs += [self._output(s, []) for s in live if s.status == SequenceStatus.FINISHED_ABORTED]
             if all(s.is_finished for s in g.seqs):
                 del self.groups[rid]
+        return outputs + self._admit_compiled()
+
+    def _admit_compiled(self) -> list[EngineCoreOutput]:
+        """Requests whose grammar is ready enter the scheduler, each sequence with its own matcher."""
+        outputs, still = [], []
+        for g, future in self._awaiting_grammar:
+            if g.seqs[0].is_finished:  # aborted while it compiled
+                continue
+            if not future.done():
+                still.append((g, future))
+                continue
+            try:
+                compiled = future.result()
+                for s in g.seqs:
+                    s.grammar = self.grammars.matcher(compiled)
+            except Exception as e:
+                outputs += self._fail(g.request_id, e)
+                continue
+            self.scheduler.add(g.seqs[0])
+        self._awaiting_grammar = still
+        if still and not self.scheduler.num_unfinished and not self.in_flight:
+            wait([still[0][1]], timeout=0.005)  # nothing else to do: no busy loop while it compiles
         return outputs
 
     # -- the loop ----------------------------------------------------------------------------------------

@@ -23,6 +23,7 @@ import traceback
 
 from tachyon.engine.messages import EngineStats
 from tachyon.engine.output_processor import OutputProcessor
+from tachyon.engine.structured_output import GrammarCompiler
 from tachyon.engine.validation import validate_request
 from tachyon.outputs import RequestOutput
 from tachyon.sampling_params import SamplingParams
@@ -100,6 +101,7 @@ class MPEngineClient:
         self._send_lock = threading.Lock()
         self.tokenizer = tokenizer
         self.processor = OutputProcessor(tokenizer)
+        self.grammars: GrammarCompiler | None = None  # made once the core's config is known
         self.error: str | None = None
         deadline = time.monotonic() + startup_timeout
         while not self._conn.poll(0.5):
@@ -115,6 +117,7 @@ class MPEngineClient:
             raise RuntimeError(f"the engine core failed to start: {info}")
         self.config = info["config"]
         self.num_kv_blocks = info["num_kv_blocks"]
+        self.grammars = GrammarCompiler(tokenizer, self.config.model.vocab_size, self.config.model.eos_token_ids)
         self.info = info
         self.startup_time_s = time.perf_counter() - t0
         self._stats = EngineStats(num_kv_blocks=self.num_kv_blocks, block_size=self.config.cache.block_size)
@@ -122,7 +125,7 @@ class MPEngineClient:
 
     # -- requests ---------------------------------------------------------------------------------------
     def validate(self, prompt_token_ids: list[int], params: SamplingParams) -> int:
-        return validate_request(self.config, self.num_kv_blocks, prompt_token_ids, params)
+        return validate_request(self.config, self.num_kv_blocks, prompt_token_ids, params, self.grammars)
 
     def _send(self, msgs: list[tuple]) -> None:
         if self.error is not None:

@@ -16,6 +16,7 @@ from tachyon.config import EngineConfig
 from tachyon.engine.core import EngineCore
 from tachyon.engine.messages import EngineStats
 from tachyon.engine.output_processor import OutputProcessor
+from tachyon.engine.structured_output import GrammarCompiler
 from tachyon.engine.validation import validate_request
 from tachyon.interface import ModelRunner, Proposer
 from tachyon.outputs import RequestOutput
@@ -27,14 +28,16 @@ class LLMEngine:
                  proposer: Proposer | None = None):
         self.config = config
         self.tokenizer = tokenizer
-        self.core = EngineCore(config, runner, num_blocks, num_cpu_blocks, proposer)
+        # one compiler for both halves: the core's compile of a grammar the front end checked is a cache hit
+        self.grammars = GrammarCompiler(tokenizer, config.model.vocab_size, config.model.eos_token_ids)
+        self.core = EngineCore(config, runner, num_blocks, num_cpu_blocks, proposer, self.grammars)
         self.processor = OutputProcessor(tokenizer)
         self.num_kv_blocks = self.core.kv.num_blocks
 
     # -- requests ---------------------------------------------------------------------------------------
     def validate(self, prompt_token_ids: list[int], params: SamplingParams) -> int:
         """InvalidRequestError naming the field, or the request's resolved max_tokens."""
-        return validate_request(self.config, self.num_kv_blocks, prompt_token_ids, params)
+        return validate_request(self.config, self.num_kv_blocks, prompt_token_ids, params, self.grammars)
 
     def add_request(self, request_id: str, prompt: str | None, prompt_token_ids: list[int],
                     params: SamplingParams, arrival_time: float | None = None, stream: bool = True) -> None:

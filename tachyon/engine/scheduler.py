@@ -12,7 +12,9 @@ the scheduler answers `sync` and the engine lets the steps in flight land:
     a running sequence needs a block and none is free   ─► preempt the newest running sequence (its blocks
                                                             are freed and it recomputes later, or its KV is
                                                             swapped out to the CPU)
-    a sequence's sampling reads its own history         ─► penalties: it runs with nothing else in flight
+    a sequence's sampling reads its own history         ─► penalties, or a grammar (its next mask follows from
+                                                            every token before): it runs with nothing else in
+                                                            flight
     a sequence speculates                               ─► its proposals continue its known tokens
 
 Speculative decoding (a `Proposer` given): a decoding sequence whose tokens are all on the host gets up to k
@@ -38,16 +40,16 @@ from tachyon.interface import ModelRunnerOutput, Proposer, ScheduledSeq, Schedul
 
 
 def reads_history(seq: Sequence) -> bool:
-    """Whether sampling this sequence reads its own output tokens (penalties, bad words of several tokens): then
-    it needs them all known."""
+    """Whether sampling this sequence reads its own output tokens (penalties, bad words of several tokens, a
+    grammar's matcher): then it needs them all known."""
     sp = seq.sampling_params
-    return (sp.repetition_penalty != 1.0 or sp.presence_penalty != 0.0 or sp.frequency_penalty != 0.0
-            or any(len(w) > 1 for w in sp.bad_words_token_ids or ()))
+    return (seq.grammar is not None or sp.repetition_penalty != 1.0 or sp.presence_penalty != 0.0
+            or sp.frequency_penalty != 0.0 or any(len(w) > 1 for w in sp.bad_words_token_ids or ()))
 
 
 def may_speculate(seq: Sequence) -> bool:
-    """Whether a sequence's decodes may verify proposals: not when its sampling reads its history (penalties),
-    nor when it asks for logprobs (the verification reports none)."""
+    """Whether a sequence's decodes may verify proposals: not when its sampling reads its history (penalties,
+    a grammar), nor when it asks for logprobs (the verification reports none)."""
     return not reads_history(seq) and seq.sampling_params.logprobs is None
 
 
@@ -262,6 +264,8 @@ class Scheduler:
             self.kv.shrink(seq, seq.num_computed_tokens)
         for n, token in enumerate(tokens, 1):
             seq.token_ids.append(token)
+            if seq.grammar is not None:
+                seq.grammar.accept(token)
             stop = self._token_stop(seq, token)
             if stop is not None:
                 return tokens[:n], stop
@@ -271,6 +275,8 @@ class Scheduler:
         """Whether the token just appended ends the sequence, and how."""
         sp = seq.sampling_params
         n_out = seq.num_output_tokens
+        if seq.grammar is not None and seq.grammar.is_terminated:  # it took a stop token its grammar allowed
+            return SequenceStatus.FINISHED_STOPPED
         if n_out >= sp.min_tokens:
             if not sp.ignore_eos and token in seq.eos_token_ids:
                 return SequenceStatus.FINISHED_STOPPED

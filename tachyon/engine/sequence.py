@@ -54,6 +54,8 @@ class Sequence:
     is_finished: bool = False  # kept beside status: read several times per sequence per step
     stop_reason: int | str | None = None
     generator: torch.Generator | None = None
+    # structured outputs: tachyon.engine.structured_output.GrammarMatcher, advanced by each token the host learns
+    grammar: object | None = None
     # n > 1: siblings wait until this sequence's prompt is in the cache, then share its blocks
     pending_forks: list[Sequence] = field(default_factory=list)
 

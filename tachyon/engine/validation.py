@@ -4,13 +4,15 @@ a request enters, so a bad one is a 400 naming the field and never reaches the c
 from __future__ import annotations
 
 from tachyon.config import EngineConfig
+from tachyon.engine.structured_output import GrammarCompiler
 from tachyon.sampling_params import InvalidRequestError, SamplingParams
 
 
 def validate_request(cfg: EngineConfig, num_kv_blocks: int, prompt_token_ids: list[int],
-                     params: SamplingParams) -> int:
+                     params: SamplingParams, grammars: GrammarCompiler | None = None) -> int:
     """InvalidRequestError naming the field, or the request's resolved max_tokens. With SamplingParams.verify,
-    whatever passes can neither break a step nor hold more than its share of the engine."""
+    whatever passes can neither break a step nor hold more than its share of the engine. A grammar is compiled
+    here (or found in the cache): one that cannot be is refused before the request enters."""
     max_len = cfg.scheduler.max_model_len
     n = len(prompt_token_ids)
     if n == 0:
@@ -47,4 +49,8 @@ def validate_request(cfg: EngineConfig, num_kv_blocks: int, prompt_token_ids: li
         raise InvalidRequestError(f"this request needs {blocks_needed} KV blocks but the cache has "
                                   f"{num_kv_blocks}: lower max_tokens or give the KV cache more memory",
                                   "max_tokens")
+    if params.structured_outputs is not None:
+        if grammars is None:
+            raise InvalidRequestError("this engine cannot constrain outputs (no grammar compiler)", "structured_outputs")
+        grammars.compile(params.structured_outputs)
     return max_tokens

@@ -155,18 +155,21 @@ def _is_json(content_type: str) -> bool:
 def create_app(async_engine: AsyncEngine, model_name: str | Sequence[str], api_key: str | Sequence[str] | None = None,
                model_path: str | None = None, *, max_request_body_bytes: int | None = 16 * 2**20,
                metrics_require_api_key: bool = False, request_timeout: float | None = None,
-               model_version: str | None = None, frontend: FrontendOptions | None = None) -> FastAPI:
+               model_version: str | None = None, frontend: FrontendOptions | None = None,
+               tool_call_parser: str | None = None) -> FastAPI:
     """`model_name`: the name clients send, or several (the first is the one responses carry).
     `api_key`: one key or several (default: $TACHYON_API_KEY, comma-separated); with any, /v1 routes and the
     API docs need one, and /metrics too if `metrics_require_api_key`. `max_request_body_bytes=None`: no limit.
     `request_timeout`: seconds from arrival after which a request is aborted (None: no limit). `model_version`: shown
     in the model card, so a gateway can route NAME@VERSION to this server.
-    `frontend`: chat template, response role, default sampling values, CORS, logging, metric names."""
+    `frontend`: chat template, response role, default sampling values, CORS, logging, metric names.
+    `tool_call_parser`: the format tool_choice "auto" reads (tachyon.server.tool_parsers)."""
     api_keys = _api_keys(api_key)
     names = [model_name] if isinstance(model_name, str) else list(model_name)
     model_name = names[0]
     frontend = frontend or FrontendOptions()
-    serving = OpenAIServing(async_engine, names, request_timeout=request_timeout, options=frontend)
+    serving = OpenAIServing(async_engine, names, request_timeout=request_timeout, options=frontend,
+                            tool_call_parser=tool_call_parser)
     metrics = ServerMetrics(async_engine.engine, model_name, frontend.metrics_prefix)
     async_engine.on_step = metrics.on_step
     serving.on_admit = metrics.on_admit

@@ -60,6 +60,9 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
                    help="answer 429 when this many requests are already waiting (default: no limit)")
     g.add_argument("--shutdown-timeout", type=float, default=30.0,
                    help="seconds running requests get to finish after SIGTERM before they are aborted")
+    g.add_argument("--tool-call-parser", default=None, choices=["hermes", "llama3_json", "mistral"],
+                   help="how tool_choice \"auto\" reads the model's tool calls (vLLM's names); without it, only "
+                        "tool_choice \"required\" or a named function (enforced by a grammar) call tools")
     g.add_argument("--engine-process", action=argparse.BooleanOptionalAction, default=True,
                    help="run the engine core in its own process, so HTTP, tokenization and streaming never hold "
                         "it back (--no-engine-process: one process, for debugging)")
@@ -153,7 +156,7 @@ def build_app(args: argparse.Namespace):
                       model_path=args.model,
                       max_request_body_bytes=None if math.isinf(body_mb) else int(body_mb * 2**20),
                       metrics_require_api_key=args.metrics_require_api_key, request_timeout=args.request_timeout,
-                      model_version=args.model_version, frontend=frontend)
+                      model_version=args.model_version, frontend=frontend, tool_call_parser=args.tool_call_parser)
 
 
 def run_server(args: argparse.Namespace) -> int:

@@ -7,8 +7,8 @@ so the offline API and the server give the same messages.
 Three rules about fields, as OpenAI's API has them:
   * `null` means "not given": the field's default (`max_tokens: null` on completions is 16).
   * A field nobody here knows is a 400 naming it (OpenAI: "Unrecognized request argument"), and so is a
-    known field whose meaning is not implemented (`response_format`, `tools`, `guided_json`, ...): a silent
-    200 would answer a different question than the one asked.
+    known field whose meaning is not implemented (`functions`, `logit_bias`, ...): a silent 200 would answer
+    a different question than the one asked.
   * Fields that change nothing about the answer (`user`, `metadata`, `store`, ...) are accepted and ignored.
 """
 
@@ -20,9 +20,9 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 # Fields OpenAI or vLLM define whose meaning this server does not implement yet: the message a client gets.
 UNSUPPORTED = {
-    **{k: "structured outputs are not supported yet" for k in (
-        "guided_json", "guided_regex", "guided_choice", "guided_grammar", "guided_decoding_backend",
-        "guided_whitespace_pattern", "structured_outputs", "json_schema")},
+    "guided_decoding_backend": "the structured-outputs backend is always xgrammar",
+    "guided_whitespace_pattern": "guided_whitespace_pattern is not supported (JSON is generated compactly)",
+    "json_schema": "json_schema belongs inside response_format: {\"type\": \"json_schema\", \"json_schema\": ...}",
     "functions": "function calling is not supported yet",
     "function_call": "function calling is not supported yet",
     "prompt_logprobs": "prompt logprobs are not supported",
@@ -59,6 +59,16 @@ class StreamOptions(_Strict):
     continuous_usage_stats: bool = False
 
 
+class StructuredOutputs(_Strict):
+    """vLLM's `structured_outputs` object: exactly one of these."""
+
+    json_schema: dict[str, Any] | str | None = Field(None, alias="json")  # `json` would shadow BaseModel.json
+    regex: str | None = None
+    choice: list[str] | None = None
+    grammar: str | None = None
+    json_object: bool | None = None
+
+
 class _SamplingFields(_Strict):
     """The fields both endpoints share (OpenAI's plus vLLM's extras: top_k, min_p, repetition_penalty, ...)."""
 
@@ -84,7 +94,12 @@ class _SamplingFields(_Strict):
     logit_bias: dict[str, float] | None = None  # token id (as a string, as OpenAI sends it) -> bias
     allowed_token_ids: list[int] | None = None  # vLLM's
     bad_words: list[str] | None = None  # vLLM's
-    response_format: dict[str, Any] | None = None  # only {"type": "text"} (the default) is served
+    response_format: dict[str, Any] | None = None  # text, json_object, json_schema (tachyon.server.structured)
+    structured_outputs: StructuredOutputs | None = None
+    guided_json: dict[str, Any] | str | None = None
+    guided_regex: str | None = None
+    guided_choice: list[str] | None = None
+    guided_grammar: str | None = None
     # accepted and ignored: they change nothing about the answer
     user: str | None = None
     metadata: dict[str, str] | None = None
@@ -116,10 +131,52 @@ class ContentPart(BaseModel):
     text: str | None = None
 
 
+class FunctionCall(_Strict):
+    name: str
+    arguments: str  # JSON text, as OpenAI sends it
+
+
+class ToolCall(_Strict):
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
 class ChatMessage(_Strict):
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[TextPart | ContentPart] | None = None
     name: str | None = None
+    tool_calls: list[ToolCall] | None = None  # assistant: the calls it made
+    tool_call_id: str | None = None  # tool: which call this is the result of
+
+    @model_validator(mode="after")
+    def _tool_fields_fit_the_role(self):
+        if self.tool_calls is not None and self.role != "assistant":
+            raise ValueError("tool_calls belong to assistant messages")
+        if self.tool_call_id is not None and self.role != "tool":
+            raise ValueError("tool_call_id belongs to tool messages")
+        return self
+
+
+class FunctionDefinition(_Strict):
+    name: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.-]+$")
+    description: str | None = None
+    parameters: dict[str, Any] | None = None  # a JSON schema of the arguments object
+    strict: bool | None = None
+
+
+class Tool(_Strict):
+    type: Literal["function"]
+    function: FunctionDefinition
+
+
+class FunctionName(_Strict):
+    name: str
+
+
+class NamedToolChoice(_Strict):
+    type: Literal["function"]
+    function: FunctionName
 
 
 class ChatCompletionRequest(_SamplingFields):
@@ -135,8 +192,8 @@ class ChatCompletionRequest(_SamplingFields):
     chat_template_kwargs: dict[str, Any] | None = None  # extra variables for the template
     echo: bool = False  # the response repeats the last message if it has the response role
     return_tokens_as_token_ids: bool = False
-    tools: list[dict[str, Any]] | None = None  # served only with tool_choice "none"
-    tool_choice: str | dict[str, Any] | None = None
+    tools: list[Tool] | None = None  # tachyon.server.tools
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: bool | None = None
     modalities: list[str] | None = None  # only ["text"]
     prompt_cache_key: str | None = None

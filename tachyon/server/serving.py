@@ -29,11 +29,21 @@ import tachyon
 from tachyon.engine.async_engine import AsyncEngine, EngineDeadError, QueueFullError
 from tachyon.engine.chat import encode_chat
 from tachyon.outputs import CompletionOutput, RequestOutput
-from tachyon.sampling_params import SamplingParams
+from tachyon.sampling_params import SamplingParams, StructuredOutputsParams
 from tachyon.server.chat_extras import check_template_flags, echo_prefix, message_text
 from tachyon.server.errors import APIError, error_body, from_value_error
 from tachyon.server.frontend import FrontendOptions
 from tachyon.server.protocol import ChatCompletionRequest, CompletionRequest
+from tachyon.server.structured import compile_off_loop, structured_spec
+from tachyon.server.tool_parsers import TOOL_PARSERS
+from tachyon.server.tools import (
+    ToolPlan,
+    ToolStream,
+    history_tool_calls,
+    message_with_calls,
+    plan_tools,
+    template_messages,
+)
 
 Prompt = tuple[str | None, list[int]]  # (text if the client sent text, token ids)
 _OFF_LOOP_CHARS = 16_384  # prompts this long are tokenized (chat-templated) in a worker thread
@@ -77,6 +87,7 @@ class _Choice:
     text_offset: int = 0
     finished: bool = False
     started: bool = False
+    tool: ToolStream | None = None  # a chat choice that may call tools
 
 
 @dataclass
@@ -97,11 +108,15 @@ class _Job:
     token_ids_as_text: bool = False  # return_tokens_as_token_ids: logprob tokens as "token_id:N"
     choices: list[_Choice] = field(default_factory=list)
     timed_out: bool = False
+    tools: ToolPlan | None = None  # chat with tools (tool_choice other than "none")
 
 
 class OpenAIServing:
     def __init__(self, async_engine: AsyncEngine, model_name: str | list[str], request_timeout: float | None = None,
-                 options: FrontendOptions | None = None):
+                 options: FrontendOptions | None = None, tool_call_parser: str | None = None):
+        if tool_call_parser is not None and tool_call_parser not in TOOL_PARSERS:
+            raise ValueError(f"unknown tool-call parser {tool_call_parser!r}; choose one of {sorted(TOOL_PARSERS)}")
+        self.tool_call_parser = tool_call_parser  # how tool_choice "auto" reads the model's calls
         self.async_engine = async_engine
         self.request_timeout = request_timeout  # seconds from arrival; then the request is aborted
         self.engine = async_engine.engine
@@ -131,12 +146,10 @@ class OpenAIServing:
             self.engine.abort_request(request_id)  # the loop is stepping while requests are live: no wake
 
     def _sampling_params(self, req, max_tokens: int | None, logprobs: int | None,
-                         names: dict[str, str] | None = None) -> SamplingParams:
+                         names: dict[str, str] | None = None,
+                         structured: StructuredOutputsParams | None = None) -> SamplingParams:
         if req.best_of is not None and req.best_of != req.n:
             raise APIError(400, "best_of other than n is not supported", "best_of")
-        if req.response_format is not None and req.response_format != {"type": "text"}:
-            raise APIError(400, "response_format other than {\"type\": \"text\"} is not supported yet "
-                                "(structured outputs)", "response_format")
         if req.stream_options is not None and not req.stream:
             raise APIError(400, "stream_options is only allowed when stream is true", "stream_options")
         try:
@@ -146,7 +159,7 @@ class OpenAIServing:
                 frequency_penalty=req.frequency_penalty, seed=req.seed, stop=req.stop,
                 stop_token_ids=req.stop_token_ids, ignore_eos=req.ignore_eos, max_tokens=max_tokens,
                 min_tokens=req.min_tokens, logprobs=logprobs, skip_special_tokens=req.skip_special_tokens,
-                include_stop_str_in_output=req.include_stop_str_in_output)
+                include_stop_str_in_output=req.include_stop_str_in_output, structured_outputs=structured)
             values.update(logit_bias=token_id_keys(req.logit_bias), allowed_token_ids=req.allowed_token_ids,
                           bad_words=req.bad_words)
             params = SamplingParams(**with_default_sampling(values, req, self.options.default_sampling))
@@ -196,7 +209,10 @@ class OpenAIServing:
             raise APIError(400, "suffix is not supported", "suffix")
         if req.echo and req.logprobs is not None:
             raise APIError(400, "echo with logprobs is not supported (no prompt logprobs)", "echo")
-        params = self._sampling_params(req, req.max_tokens, req.logprobs)
+        spec, spec_field = structured_spec(req)
+        params = self._sampling_params(req, req.max_tokens, req.logprobs, structured=spec)
+        if spec is not None:
+            await compile_off_loop(self.engine.grammars, spec, spec_field)
         p = req.prompt
         texts = [p] if isinstance(p, str) else [x for x in p if isinstance(x, str)]
         if sum(len(t) for t in texts) >= _OFF_LOOP_CHARS:  # a long text tokenizes in a thread: /health answers
@@ -236,14 +252,26 @@ class OpenAIServing:
         max_name = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
         max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
         names = {"logprobs": "top_logprobs", "max_tokens": max_name, "prompt": "messages"}
-        params = self._sampling_params(req, max_tokens, logprobs, names)
+        spec, spec_field = structured_spec(req)
+        plan = plan_tools(req, self.tool_call_parser)
+        if plan is not None and plan.spec is not None:
+            if spec is not None:
+                raise APIError(400, f"tool_choice {plan.mode} constrains the output itself: drop {spec_field}",
+                               spec_field)
+            spec, spec_field = plan.spec, "tools"
+        params = self._sampling_params(req, max_tokens, logprobs, names, spec)
+        if plan is not None and plan.parser is not None and not plan.parser.skip_special_tokens:
+            params.skip_special_tokens = False  # the format's marker is a special token
+        if spec is not None:
+            await compile_off_loop(self.engine.grammars, spec, spec_field)
         if _chat_chars(req) >= _OFF_LOOP_CHARS:
-            ids = await asyncio.to_thread(self._apply_chat_template, req)
+            ids = await asyncio.to_thread(self._apply_chat_template, req, plan)
         else:
-            ids = self._apply_chat_template(req)
+            ids = self._apply_chat_template(req, plan)
         echoed = echo_prefix(self._chat_messages(req), self.options.response_role) if req.echo else None
         job = _Job("chat", f"chatcmpl-{uuid.uuid4().hex}", int(time.time()), [(echoed, ids)], params, req.stream,
-                   bool(req.stream_options and req.stream_options.include_usage), logprobs, req.echo, names=names)
+                   bool(req.stream_options and req.stream_options.include_usage), logprobs, req.echo, names=names,
+                   tools=plan)
         self._stream_extras(job, req)
         return await self._run(job, http)
 
@@ -254,11 +282,6 @@ class OpenAIServing:
 
     @staticmethod
     def _check_chat_fields(req: ChatCompletionRequest) -> None:
-        if req.tools and req.tool_choice != "none":
-            raise APIError(400, "tool calling is not supported yet: send tools only with tool_choice \"none\"",
-                           "tool_choice" if req.tool_choice is not None else "tools")
-        if req.tool_choice not in (None, "none"):
-            raise APIError(400, "tool calling is not supported yet: tool_choice must be \"none\"", "tool_choice")
         if req.modalities is not None and req.modalities != ["text"]:
             raise APIError(400, "only the text modality is supported", "modalities")
 
@@ -269,11 +292,15 @@ class OpenAIServing:
             msg = {"role": m.role, "content": message_text(m.content, i)}
             if m.name is not None:
                 msg["name"] = m.name
+            if m.tool_calls is not None:
+                msg["tool_calls"] = history_tool_calls(m.tool_calls)
+            if m.tool_call_id is not None:
+                msg["tool_call_id"] = m.tool_call_id
             messages.append(msg)
         return messages
 
-    def _apply_chat_template(self, req) -> list[int]:
-        """`req`: a chat completion or a /tokenize request (messages and the template fields)."""
+    def _apply_chat_template(self, req, plan: ToolPlan | None = None) -> list[int]:
+        """`req`: a chat completion or a /tokenize request (messages and the template fields); `plan`: its tools."""
         template = req.chat_template or self.options.chat_template
         if self.tokenizer is None or not (template or getattr(self.tokenizer, "chat_template", None)):
             raise APIError(400, "this model has no chat template: use /v1/completions", "messages")
@@ -283,10 +310,13 @@ class OpenAIServing:
             raise APIError(400, f"the messages are longer than this model's context of "
                                 f"{self.engine.config.scheduler.max_model_len} tokens can hold: shorten them",
                            "messages")
+        tools = plan.tools if plan is not None else None
         try:
-            return encode_chat(self.tokenizer, messages, req.add_generation_prompt, chat_template=template,
+            return encode_chat(self.tokenizer,
+                               template_messages(messages, tools, template or self.tokenizer.chat_template),
+                               req.add_generation_prompt, chat_template=template,
                                continue_final_message=req.continue_final_message,
-                               chat_template_kwargs=req.chat_template_kwargs)
+                               chat_template_kwargs=req.chat_template_kwargs, tools=tools)
         except ValueError as e:
             if "chat_template_kwargs" in str(e):
                 raise APIError(400, str(e), "chat_template_kwargs") from None
@@ -416,9 +446,12 @@ class OpenAIServing:
                 index = p * n + c.index
                 if job.kind == "chat":
                     text = (self._prompt_text(job, p) + c.text) if job.echo else c.text
-                    choices.append({"index": index, "message": {"role": self.options.response_role, "content": text},
+                    message, finish_reason = {"role": self.options.response_role, "content": text}, c.finish_reason
+                    if job.tools is not None:
+                        message, finish_reason = message_with_calls(job.tools, c.text, c.finish_reason)
+                    choices.append({"index": index, "message": message,
                                     "logprobs": self._logprobs(job, c, 0, job.choices[index]),
-                                    "finish_reason": c.finish_reason, "stop_reason": c.stop_reason})
+                                    "finish_reason": finish_reason, "stop_reason": c.stop_reason})
                 else:
                     text = (self._prompt_text(job, p) + c.text) if job.echo else c.text
                     choices.append({"index": index, "text": text,
@@ -472,13 +505,22 @@ class OpenAIServing:
         text = c.text[st.num_chars:]
         if not text and c.finish_reason is None:
             return None  # tokens whose text is held back (partial UTF-8 or a possible stop string)
+        finish_reason = c.finish_reason
+        if job.tools is not None:
+            st.tool = st.tool or ToolStream(job.tools)
+            delta = st.tool.delta(c.text, c.finish_reason is not None)
+            if not delta and c.finish_reason is None:
+                return None  # held back: it may be a tool call
+            if st.tool.called and finish_reason == "stop":
+                finish_reason = "tool_calls"
         logprobs = self._logprobs(job, c, st.num_tokens, st)
         st.num_chars, st.num_tokens = max(st.num_chars, len(c.text)), len(c.token_ids)
         st.finished = c.finish_reason is not None
         if job.echo and not st.started:
             text = self._prompt_text(job, p) + text
         if job.kind == "chat":
-            delta = {"content": text}
+            if job.tools is None:
+                delta = {"content": text}
             if not st.started:
                 delta["role"] = self.options.response_role
         else:
@@ -490,7 +532,7 @@ class OpenAIServing:
         else:
             choice["text"] = text
         choice["logprobs"] = logprobs
-        choice["finish_reason"] = c.finish_reason
+        choice["finish_reason"] = finish_reason
         choice["stop_reason"] = c.stop_reason
         return choice
 

@@ -1,9 +1,15 @@
-"""Sampling on the device: logit bias, allowed tokens, bad words, penalties, temperature, top-k, top-p, min-p,
-per-request seeds, logprobs (of the model's raw distribution, as vLLM's default).
+"""Sampling on the device: grammar masks, logit bias, allowed tokens, bad words, penalties, temperature, top-k,
+top-p, min-p, per-request seeds, logprobs (of the model's raw distribution, as vLLM's default).
 
 Random rows sample with the exponential race: argmax(p / q) with q ~ Exp(1) picks token i with
 probability p_i. A seeded request draws its q from its own generator, one vector per step, so what it
 samples does not depend on what else is in the batch.
+
+A sequence with a grammar (structured outputs) fills one row of an int32 bitmask on the host, and its logits row
+keeps only the allowed tokens; the other rows of the batch are untouched:
+
+    bitmask [R, ceil(V/32)] int32      word w, bit j  ─►  token 32*w + j allowed
+    logits[rows[r]] = -inf where the bit is 0          (after the model, so CUDA-graph replays are unaffected)
 """
 
 from __future__ import annotations
@@ -14,9 +20,22 @@ from typing import Any
 import torch
 
 Sequence = Any  # tachyon.engine.sequence.Sequence: sampling_params, token_ids, output_token_ids, eos_token_ids,
-                # generator (the sampler reads nothing else)
+                # generator, grammar (the sampler reads nothing else)
 
 _NEG_INF = float("-inf")
+
+
+def apply_token_bitmask(logits: torch.Tensor, rows: torch.Tensor, bitmask: torch.Tensor) -> torch.Tensor:
+    """logits [S, V] with the rows `rows` [R] limited to the tokens their bitmask [R, ceil(V/32)] allows
+    (a new tensor; others untouched)."""
+    V = logits.shape[1]
+    shifts = torch.arange(32, device=logits.device, dtype=torch.int32)
+    allowed = ((bitmask.unsqueeze(-1) >> shifts) & 1).bool().flatten(1)[:, :V]  # [R, W*32] -> [R, V]
+    if allowed.shape[1] < V:  # the bitmask may be narrower than padded logits: the rest is not allowed
+        allowed = torch.nn.functional.pad(allowed, (0, V - allowed.shape[1]), value=False)
+    out = logits.clone()
+    out[rows] = logits[rows].masked_fill(~allowed, _NEG_INF)
+    return out
 
 
 @dataclass
@@ -119,9 +138,10 @@ class Sampler:
     # -- logits processing ----------------------------------------------------------------------------------
     def process_logits(self, logits: torch.Tensor, reqs: list[Sequence], num_outputs: list[int] | None = None
                        ) -> torch.Tensor:
-        """logit_bias / allowed_token_ids / bad words, penalties, and stop tokens masked before min_tokens
-        (num_outputs: as in sample_tokens)."""
+        """Grammar masks, logit_bias / allowed_token_ids / bad words, penalties, and stop tokens masked before
+        min_tokens (num_outputs: as in sample_tokens)."""
         logits = logits[:, : self.vocab_size]
+        logits = self._apply_grammars(logits, reqs)
         logits = self._apply_logit_processors(logits, reqs)
         logits = self._apply_penalties(logits, reqs)
         if num_outputs is None:
@@ -153,6 +173,17 @@ class Sampler:
             if banned:
                 logits[i, torch.tensor(banned, device=dev)] = _NEG_INF
         return logits
+
+    def _apply_grammars(self, logits: torch.Tensor, reqs: list[Sequence]) -> torch.Tensor:
+        rows = [i for i, r in enumerate(reqs) if r.grammar is not None]
+        if not rows:
+            return logits
+        bitmask = torch.empty((len(rows), (self.vocab_size + 31) // 32), dtype=torch.int32,
+                              pin_memory=logits.device.type == "cuda")
+        for j, i in enumerate(rows):
+            reqs[i].grammar.fill_bitmask(bitmask, j)
+        dev = logits.device
+        return apply_token_bitmask(logits, torch.tensor(rows, device=dev), bitmask.to(dev, non_blocking=True))
 
     def _apply_penalties(self, logits: torch.Tensor, reqs: list[Sequence]) -> torch.Tensor:
         rows = [i for i, r in enumerate(reqs) if (r.sampling_params.repetition_penalty != 1.0

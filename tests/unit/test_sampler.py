@@ -135,3 +135,50 @@ def test_n_samples_share_prompt_blocks(llm):
     assert len({tuple(c.token_ids) for c in result.outputs}) > 1
     engine.check_integrity()
     assert engine.kv.num_free_blocks == engine.kv.num_blocks
+
+
+class _FixedGrammar:
+    """A grammar stand-in whose next token may only be one of `allowed` (the sampler calls fill_bitmask)."""
+
+    def __init__(self, allowed):
+        self.allowed = allowed
+
+    def fill_bitmask(self, bitmask, row):
+        bitmask[row] = 0
+        for t in self.allowed:
+            bitmask[row, t // 32] |= torch.tensor(1 << (t % 32), dtype=torch.int64).to(torch.int32)
+
+
+def test_token_bitmask_keeps_only_allowed_tokens_and_leaves_free_rows_alone():
+    from tachyon.worker.sampler import apply_token_bitmask
+
+    V = 70  # three words, the last one partly past the vocabulary
+    logits = torch.randn(4, V)
+    bitmask = torch.zeros(2, 3, dtype=torch.int32)
+    _FixedGrammar([0, 31, 32, 63, 69]).fill_bitmask(bitmask, 0)  # bit 31: the int32 sign bit
+    _FixedGrammar([5]).fill_bitmask(bitmask, 1)
+    out = apply_token_bitmask(logits, torch.tensor([1, 3]), bitmask)
+    assert torch.equal(out[0], logits[0]) and torch.equal(out[2], logits[2])
+    assert torch.isfinite(out[1]).nonzero().flatten().tolist() == [0, 31, 32, 63, 69]
+    assert torch.equal(out[1, [0, 31, 32, 63, 69]], logits[1, [0, 31, 32, 63, 69]])
+    assert torch.isfinite(out[3]).nonzero().flatten().tolist() == [5]
+    xgr = __import__("pytest").importorskip("xgrammar")
+    ref, full = logits.clone(), torch.full((4, 3), -1, dtype=torch.int32)
+    full[[1, 3]] = bitmask  # xgrammar's own kernel: one bitmask row per logits row
+    xgr.apply_token_bitmask_inplace(ref, full, indices=[1, 3])
+    assert torch.equal(ref, out)
+
+
+def test_grammar_rows_sample_only_allowed_tokens_in_a_mixed_batch():
+    s = Sampler(vocab_size=40, device=torch.device("cpu"), seed=0)
+    logits = torch.randn(3, 40)
+    free = _req(SamplingParams(temperature=0))
+    greedy = _req(SamplingParams(temperature=0))
+    greedy.grammar = _FixedGrammar([7, 33])
+    sampled = _req(SamplingParams(temperature=1.5, top_p=0.9), gen=s.request_generator(1))
+    sampled.grammar = _FixedGrammar([2, 39])
+    for _ in range(20):
+        tokens = s.sample_tokens(logits, [free, greedy, sampled]).tolist()
+        assert tokens[0] == logits[0].argmax().item()
+        assert tokens[1] == (7 if logits[1, 7] > logits[1, 33] else 33)
+        assert tokens[2] in (2, 39)
