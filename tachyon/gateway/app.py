@@ -234,7 +234,11 @@ class Gateway:
             return _error(400, "model: a model name is required (GET /v1/models lists them)", "model")
         rec = _Record(request.headers.get("x-request-id") or uuid.uuid4().hex, key, model, arrival,
                       body.get("stream") is True)
-        refusal = await self.limiter.admit(key)
+        try:
+            refusal = await self.limiter.admit(key)
+        except Exception:  # the limits' store (Redis) is down: serve without limits rather than not at all
+            logger.exception("rate limits of key %s not checked: their store failed", key.id)
+            refusal = None
         if refusal is not None:
             self.metrics.rate_limited.labels(key.id, refusal.limit).inc()
             rec.status = 429
