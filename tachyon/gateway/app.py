@@ -22,6 +22,7 @@ import hashlib
 import hmac
 import json
 import logging
+import re
 import time
 import uuid
 from contextlib import asynccontextmanager
@@ -95,8 +96,11 @@ class _Record:
             "ttft_ms": None if self.ttft is None else round(self.ttft * 1000, 2), "e2e_ms": round(e2e * 1000, 2)})
 
 
-class _SSEUsage:
-    """Splits a byte stream into SSE events; finds the usage chunk, and drops it if the client did not ask."""
+class SSEUsage:
+    """Splits a byte stream into SSE events (separated by a blank line: \\n\\n, \\r\\n\\r\\n or \\r\\r) and hands
+    each complete one on at once; finds the usage chunk, and drops it if the client did not ask for it."""
+
+    _END = re.compile(rb"\r\n\r\n|\n\n|\r\r")
 
     def __init__(self, drop_usage_chunk: bool):
         self.drop = drop_usage_chunk
@@ -105,22 +109,31 @@ class _SSEUsage:
 
     def feed(self, chunk: bytes) -> bytes:
         self.buf += chunk
-        end = self.buf.rfind(b"\n\n")
-        if end < 0:
+        ends = [m.end() for m in self._END.finditer(self.buf)]
+        if not ends:
             return b""
-        events, self.buf = self.buf[:end + 2], self.buf[end + 2:]
+        events, self.buf = self.buf[:ends[-1]], self.buf[ends[-1]:]
         if b'"usage":{' not in events and b'"usage": {' not in events:
             return events
-        kept = []
-        for ev in events.split(b"\n\n")[:-1]:
-            if ev.startswith(b"data: {") and (b'"usage":{' in ev or b'"usage": {' in ev):
-                with contextlib.suppress(ValueError):
-                    obj = json.loads(ev[6:])
-                    self.usage = obj.get("usage") or self.usage
-                    if self.drop and not obj.get("choices"):
-                        continue
-            kept.append(ev + b"\n\n")
+        kept, start = [], 0
+        for end in ends:
+            ev = events[start:end]
+            start = end
+            if not self._is_usage_chunk(ev):
+                kept.append(ev)
         return b"".join(kept)
+
+    def _is_usage_chunk(self, ev: bytes) -> bool:
+        """Reads the usage of a data event that carries one; True if that event is to be dropped."""
+        field, _, value = ev.strip().partition(b":")
+        if field != b"data" or (b'"usage":{' not in value and b'"usage": {' not in value):
+            return False
+        try:
+            obj = json.loads(value)
+        except ValueError:
+            return False
+        self.usage = obj.get("usage") or self.usage
+        return self.drop and not obj.get("choices")
 
     def rest(self) -> bytes:
         rest, self.buf = self.buf, b""
@@ -221,7 +234,11 @@ class Gateway:
             return _error(400, "model: a model name is required (GET /v1/models lists them)", "model")
         rec = _Record(request.headers.get("x-request-id") or uuid.uuid4().hex, key, model, arrival,
                       body.get("stream") is True)
-        refusal = await self.limiter.admit(key)
+        try:
+            refusal = await self.limiter.admit(key)
+        except Exception:  # the limits' store (Redis) is down: serve without limits rather than not at all
+            logger.exception("rate limits of key %s not checked: their store failed", key.id)
+            refusal = None
         if refusal is not None:
             self.metrics.rate_limited.labels(key.id, refusal.limit).inc()
             rec.status = 429
@@ -323,7 +340,7 @@ class Gateway:
             await self._charge_and_finish(rec)
             return Response(content, status_code=resp.status_code, media_type=media_type, headers=headers)
 
-        sse = _SSEUsage(drop_usage_chunk)
+        sse = SSEUsage(drop_usage_chunk)
 
         async def events():
             try:

@@ -9,7 +9,8 @@ One primitive serves both limits. A bucket holds up to `capacity` and refills at
 
 So a request that uses more tokens than are left still finishes; the key then waits until the debt is paid.
 A refusal returns how long until the bucket would allow it (the Retry-After). The Redis store runs the same
-arithmetic in one Lua script on Redis' own clock, so several gateways share one budget per key.
+arithmetic in one Lua script on Redis' own clock, so several gateways share one budget per key. While the store
+fails (Redis down), the gateway serves without limits and logs it, rather than refusing everyone.
 """
 
 from __future__ import annotations

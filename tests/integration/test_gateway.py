@@ -357,3 +357,15 @@ def test_client_leaving_mid_stream_closes_the_backend_stream_and_big_bodies_are_
         r = complete(url, "m", prompt="x" * 20000)
         assert r.status_code == 413 and "max_request_body_mb" in r.json()["error"]["message"]
         assert slow.requests == 1
+
+
+def test_limits_store_down_serves_without_limits(caplog):
+    pytest.importorskip("redis")
+    s = _bound_socket()
+    dead = f"redis://127.0.0.1:{s.getsockname()[1]}/0"  # bound, never listening: connections are refused
+    try:
+        with fakes(FakeState("a", ["m"])) as (ua,), gateway(_limits_cfg(ua), RedisBuckets(dead)) as (url, _):
+            assert [complete(url, "m").status_code for _ in range(3)] == [200] * 3  # 2/s would refuse the third
+        assert "rate limits of key fast not checked: their store failed" in caplog.text
+    finally:
+        s.close()

@@ -213,3 +213,24 @@ def test_prometheus_scrapes_a_server_and_the_gateway(server, tmp_path):
         finally:
             proc.terminate()
             proc.wait(10)
+
+
+def test_every_gateway_series_in_deploy_exists():
+    """Every `tachyon_gateway:` name in the alerts and the dashboard is one the gateway exports (catches renames)."""
+    pytest.importorskip("fastapi")
+    from prometheus_client import generate_latest
+
+    from tachyon.gateway.app import Gateway
+    from tachyon.gateway.config import parse_config
+
+    gw = Gateway(parse_config({"pools": {"p": {"backends": [{"url": "http://127.0.0.1:1"}]}}}))
+    text = generate_latest(gw.metrics.registry).decode()
+    exported = set()
+    for line in text.splitlines():
+        if line.startswith("# TYPE "):
+            name, kind = line.split()[2:4]
+            exported |= {name} | ({f"{name}_bucket", f"{name}_sum", f"{name}_count"} if kind == "histogram" else set())
+            exported |= {f"{name}_total"} if kind == "counter" else set()
+    for path in (DEPLOY / "prometheus/alerts.yml", DEPLOY / "grafana/tachyon.json"):
+        used = set(re.findall(r"tachyon_gateway:[a-z0-9_]+", path.read_text()))
+        assert used and used <= exported, f"{path.name}: {sorted(used - exported)} not exported by the gateway"

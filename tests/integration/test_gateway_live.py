@@ -76,36 +76,42 @@ def test_gateway_over_two_replicas_with_one_killed_mid_run(server, replica):
         assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == want_text
         assert all(c.usage is None for c in chunks)  # the usage chunk the gateway asked for is not passed on
 
-        async def clients(n: int, max_tokens: int, kill_after: float | None = None) -> list[tuple[str, str, bool]]:
-            """n concurrent streams: (backend, text, ended with [DONE] and no error event)."""
+        async def run_and_kill() -> list[tuple[str, str, list, bool]]:
+            """16 streams; once one streams from the subprocess replica, it is SIGKILLed and 16 more start.
+            Each: (before/after, backend, lines, ended with [DONE] and no error event)."""
+            streaming_from_replica = asyncio.Event()
             async with httpx.AsyncClient(timeout=60) as client:
                 async def one(i: int):
-                    body = {"model": MODEL, "prompt": f"Count to {i}:", "max_tokens": max_tokens, "stream": True}
+                    body = {"model": MODEL, "prompt": f"Count to {i}:", "max_tokens": 8, "stream": True}
                     try:
                         async with client.stream("POST", f"{url}/v1/completions", json=body) as r:
-                            lines = [x async for x in r.aiter_lines() if x]
+                            backend = r.headers.get("x-gateway-backend", "-")
+                            lines = []
+                            async for x in r.aiter_lines():
+                                if x:
+                                    lines.append(x)
+                                    if backend == "replicas/1":
+                                        streaming_from_replica.set()
                             ok = r.status_code == 200 and lines[-1] == "data: [DONE]" and not any(
                                 x.startswith('data: {"error"') for x in lines)
-                            return r.headers.get("x-gateway-backend", "-"), lines, ok
+                            return backend, lines, ok
                     except httpx.HTTPError as e:
                         return "-", [repr(e)], False
 
                 async def kill_then_more():
-                    await asyncio.sleep(kill_after)
+                    await asyncio.wait_for(streaming_from_replica.wait(), 60)
                     proc.send_signal(signal.SIGKILL)
                     await asyncio.to_thread(proc.wait, 10)
                     return await asyncio.gather(*(one(i) for i in range(16)))
 
-                tasks = [one(i) for i in range(n)]
-                if kill_after is None:
-                    return await asyncio.gather(*tasks)
-                before, after = await asyncio.gather(asyncio.gather(*tasks), kill_then_more())
-                return before + [("after", *a) for a in after]
+                before, after = await asyncio.gather(asyncio.gather(*(one(i) for i in range(16))), kill_then_more())
+                return [("before", *b) for b in before] + [("after", *a) for a in after]
 
         t0 = time.monotonic()
-        results = asyncio.run(clients(16, 8, kill_after=0.3))
-        early = [r for r in results if r[0] != "after"]
-        assert {"replicas/0", "replicas/1"} <= {r[0] for r in early}  # least outstanding: both take a share
+        results = asyncio.run(run_and_kill())
+        early = [r for r in results if r[0] == "before"]
+        assert {"replicas/0", "replicas/1"} <= {r[1] for r in early}  # least outstanding: both take a share
+        assert all(r[3] for r in early if r[1] == "replicas/0")  # the surviving replica's streams are untouched
         late = [r for r in results if r[0] == "after"]
         assert len(late) == 16 and all(r[3] for r in late), [r for r in late if not r[3]][:2]
         assert {r[1] for r in late} == {"replicas/0"}
