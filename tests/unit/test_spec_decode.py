@@ -40,8 +40,8 @@ def chi2_pvalue(observed: np.ndarray, expected: np.ndarray) -> float:
 
 
 def _req(**sp):
-    return SimpleNamespace(sampling_params=SamplingParams(**sp), generator=None, eos_token_ids=frozenset(),
-                           token_ids=[], output_token_ids=[], num_output_tokens=0)
+    return SimpleNamespace(sampling_params=SamplingParams(**sp), generator=None, grammar=None,
+                           eos_token_ids=frozenset(), token_ids=[], output_token_ids=[], num_output_tokens=0)
 
 
 @pytest.mark.parametrize("params", [dict(temperature=1.0), dict(temperature=0.7, top_k=4)])
