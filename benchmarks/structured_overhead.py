@@ -8,6 +8,11 @@ minItems never completes), and the free ones ignore EOS, so both sides generate 
     CPU:  PYTHONPATH=. python benchmarks/structured_overhead.py --out benchmarks/results/cpu_structured_overhead
     GPU:  PYTHONPATH=. python benchmarks/structured_overhead.py --model benchmarks/models/llama3-8b-serve \\
               --load-format dummy --max-tokens 256 --out $OUT/structured_overhead
+
+The GPU image lacks xgrammar and pydantic (xgrammar imports it): carry the cp312 wheels and
+`pip install --no-deps` them first: xgrammar 0.2.9, apache-tvm-ffi 0.1.15.post2, pydantic 2.14.4,
+pydantic-core 2.50.5, annotated-types, typing-inspection (xgrammar also needs torch, triton, transformers, numpy:
+the image has them).
 """
 
 from __future__ import annotations

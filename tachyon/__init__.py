@@ -2,7 +2,7 @@
 
 from tachyon.llm import LLM
 from tachyon.outputs import CompletionOutput, RequestOutput
-from tachyon.sampling_params import SamplingParams
+from tachyon.sampling_params import SamplingParams, StructuredOutputsParams
 
-__all__ = ["LLM", "SamplingParams", "RequestOutput", "CompletionOutput"]
+__all__ = ["LLM", "SamplingParams", "StructuredOutputsParams", "RequestOutput", "CompletionOutput"]
 __version__ = "0.1.0"

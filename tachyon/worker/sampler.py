@@ -180,8 +180,8 @@ class Sampler:
             return logits
         bitmask = torch.empty((len(rows), (self.vocab_size + 31) // 32), dtype=torch.int32,
                               pin_memory=logits.device.type == "cuda")
-        for j, i in enumerate(rows):
-            reqs[i].grammar.fill_bitmask(bitmask, j)
+        grammars = [reqs[i].grammar for i in rows]
+        grammars[0].fill_bitmasks(grammars, bitmask)  # row j for grammars[j]
         dev = logits.device
         return apply_token_bitmask(logits, torch.tensor(rows, device=dev), bitmask.to(dev, non_blocking=True))
 

@@ -67,6 +67,19 @@ def test_the_core_runs_in_another_process_and_gives_the_same_tokens(proc_server,
     assert float(line.split()[-1]) >= 3 * 24
 
 
+def test_grammars_compile_in_the_core_process(proc_server):
+    """The core process loads the tokenizer for xgrammar itself and compiles the spec it is sent."""
+    pytest.importorskip("xgrammar")
+    url, _ = proc_server
+    client = openai.OpenAI(base_url=f"{url}/v1", api_key=API_KEY, max_retries=0, timeout=120)
+    schema = {"type": "object", "properties": {"ok": {"type": "boolean"}, "n": {"enum": [1, 2, 3]}},
+              "required": ["ok", "n"], "additionalProperties": False}
+    r = client.completions.create(model="SmolLM2-135M-Instruct", prompt="JSON:", max_tokens=20, temperature=0,
+                                  extra_body={"guided_json": schema})
+    value = json.loads(r.choices[0].text)
+    assert set(value) == {"ok", "n"} and isinstance(value["ok"], bool) and value["n"] in (1, 2, 3)
+
+
 def test_a_dead_core_fails_open_requests_and_health_says_503(proc_server):
     url, client = proc_server
     headers = {"Authorization": f"Bearer {API_KEY}", "Content-Type": "application/json"}

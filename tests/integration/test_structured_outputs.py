@@ -53,7 +53,7 @@ def test_json_schema_outputs_parse_and_validate_for_every_seed(aclient):
 
     async def main():
         client = aclient()
-        return await asyncio.gather(*(one(client, s, seed) for s in SCHEMAS for seed in (None, 1, 2, 3)))
+        return await asyncio.gather(*(one(client, s, seed) for s in SCHEMAS for seed in (None, 1, 2)))
 
     for schema, choice in _run(main()):
         assert choice.finish_reason == "stop", choice.message.content

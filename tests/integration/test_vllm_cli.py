@@ -192,8 +192,8 @@ def test_a_vllm_offline_script_runs_unchanged(vllm_llm, hub_cache, capsys):
     assert llm.reset_prefix_cache() is True
     assert llm.generate(long_prompt, params, use_tqdm=False)[0].num_cached_tokens == 0
     assert llm.engine.kv.num_free_blocks == llm.engine.kv.num_blocks
-    with pytest.raises(TypeError, match=r"\['enable_lora', 'speculative_config'\] are vLLM's and not supported"):
-        LLM(model=REPO, enable_lora=True, speculative_config={"method": "ngram"})
+    with pytest.raises(TypeError, match=r"\['enable_lora', 'hf_overrides'\] are vLLM's and not supported"):
+        LLM(model=REPO, enable_lora=True, hf_overrides={}, speculative_config={"method": "ngram"})
 
 
 def test_bench_serve_takes_vllm_flags_and_writes_vllm_keys(tmp_path):

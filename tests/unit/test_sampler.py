@@ -148,6 +148,10 @@ class _FixedGrammar:
         for t in self.allowed:
             bitmask[row, t // 32] |= torch.tensor(1 << (t % 32), dtype=torch.int64).to(torch.int32)
 
+    def fill_bitmasks(self, grammars, bitmask):
+        for row, g in enumerate(grammars):
+            g.fill_bitmask(bitmask, row)
+
 
 def test_token_bitmask_keeps_only_allowed_tokens_and_leaves_free_rows_alone():
     from tachyon.worker.sampler import apply_token_bitmask
