@@ -26,6 +26,7 @@ seeded.
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from tachyon.worker.sampler import Sampler
@@ -48,9 +49,10 @@ def verify(sampler: Sampler, logits: torch.Tensor, reqs: list, drafts: list[list
     first = torch.cumsum(k_t + 1, 0) - (k_t + 1)
     pos = torch.arange(K + 1, device=dev)
     rows = first.unsqueeze(1) + torch.minimum(pos.unsqueeze(0), k_t.unsqueeze(1))
-    d = torch.zeros(B, K, dtype=torch.long, device=dev)
+    d_host = np.zeros((B, K), dtype=np.int64)  # proposals, padded; one copy to the device
     for b, dr in enumerate(drafts):
-        d[b, : len(dr)] = torch.tensor(dr, device=dev)
+        d_host[b, : len(dr)] = dr
+    d = torch.from_numpy(d_host).to(dev)
     valid = pos[:K].unsqueeze(0) < k_t.unsqueeze(1)
 
     greedy = [r.sampling_params.greedy for r in reqs]
