@@ -125,7 +125,7 @@ def main() -> None:
               else "eager", "cases": []}
     rng = random.Random(0)
     for batch in [int(b) for b in args.batches.split(",")]:
-        prompts = [[rng.randrange(1000, vocab - 1000) for _ in range(args.input_len)] for _ in range(batch)]
+        prompts = [[rng.randrange(vocab // 8, vocab - vocab // 8) for _ in range(args.input_len)] for _ in range(batch)]
         set_proposer(llm, None, k)
         run(llm, prompts[:1], 8)  # warm-up
         plain = run(llm, prompts, args.output_len)

@@ -77,9 +77,9 @@ def verify(sampler: Sampler, logits: torch.Tensor, reqs: list, drafts: list[list
     if probs is not None:
         residual = probs[stop_rows].clone()
         rejected = num_accepted < k_t  # stopped on a rejection: the rejected proposal leaves the distribution
-        rejected_tok = d.gather(1, num_accepted.clamp(max=K - 1).unsqueeze(1)).squeeze(1)
-        b_idx = torch.arange(B, device=dev)
-        residual[b_idx[rejected], rejected_tok[rejected]] = 0.0
+        rejected_tok = d.gather(1, num_accepted.clamp(max=K - 1).unsqueeze(1))  # [B, 1]
+        kept = residual.gather(1, rejected_tok).masked_fill(rejected.unsqueeze(1), 0.0)
+        residual.scatter_(1, rejected_tok, kept)  # (no boolean indexing: nothing waits for the device)
         # a proposal rejected at p(d) ~ 1 by rounding leaves no mass: emit from p itself (probability ~ 0 anyway)
         empty = residual.sum(dim=-1, keepdim=True) <= 0
         residual = torch.where(empty, probs[stop_rows], residual)
