@@ -15,6 +15,9 @@ one is scheduled (its proposals need the tokens on the host).
 
     PYTHONPATH=. python benchmarks/spec_decode_gpu.py --out $OUT/spec_decode.json
     PYTHONPATH=. python benchmarks/spec_decode_gpu.py --batches 1,64 --k 4 --fidelity 1,0.9,0.8,0.6,0.4 --out ...
+    # the seeds' pairing: 70B AWQ target, an 8B draft's forwards paying for replayed proposals
+    PYTHONPATH=. python benchmarks/spec_decode_gpu.py --model benchmarks/models/llama3-70b.json --quantization awq \
+        --draft benchmarks/models/llama3-8b.json --num-kv-blocks 4000 --batches 1 --fidelity 0.9,0.8 --out ...
 """
 
 from __future__ import annotations
@@ -59,6 +62,21 @@ class ReplayProposer:
             out.append([t if self.rng.random() < self.fidelity else self.rng.randrange(self.vocab)
                         for t in ref[m:m + k]])
         return out
+
+
+class PaidReplay:
+    """The replay proposer's tokens at the cost of a real draft model: the draft proposes (its forwards and
+    its KV run as in `draft_model` speculation), then its tokens are replaced by the replayed ones, so a random-
+    weight pair runs at the acceptance you choose."""
+
+    needs_slots = True
+
+    def __init__(self, draft, replay: ReplayProposer):
+        self.draft, self.replay = draft, replay
+
+    def propose(self, seqs, max_tokens):
+        self.draft.propose(seqs, max_tokens)
+        return self.replay.propose(seqs, max_tokens)
 
 
 class RandomProposer:
@@ -112,10 +130,18 @@ def main() -> None:
     ap.add_argument("--input-len", type=int, default=128)
     ap.add_argument("--output-len", type=int, default=256)
     ap.add_argument("--max-model-len", type=int, default=2048)
+    ap.add_argument("--quantization", default=None, help="the target's (awq: random 4-bit weights)")
+    ap.add_argument("--draft", default=None, help="a draft model's config.json (random weights): replay proposals "
+                    "paid for by its forwards (the issue's 70B AWQ + 8B pairing)")
+    ap.add_argument("--num-kv-blocks", type=int, default=None, help="the KV pool (needed with --draft: the pool is "
+                    "sized before the draft loads, so leave it room)")
     args = ap.parse_args()
     k = args.k
+    spec = ({"method": "draft_model", "model": args.draft, "num_speculative_tokens": k} if args.draft
+            else {"method": "ngram", "num_speculative_tokens": k})
     llm = LLM(model=args.model, load_format="dummy", max_model_len=args.max_model_len, swap_space=0,
-              speculative_config={"method": "ngram", "num_speculative_tokens": k})
+              quantization=args.quantization, num_kv_blocks=args.num_kv_blocks, speculative_config=spec)
+    draft = llm.engine.scheduler.proposer if args.draft else None
     vocab = llm.engine.config.model.vocab_size
     device = torch.cuda.get_device_properties(0).name if torch.cuda.is_available() else "cpu"
     result = {"command": "PYTHONPATH=. python " + " ".join(sys.argv), "device": device, "torch": torch.__version__,
@@ -135,6 +161,8 @@ def main() -> None:
         result["cases"].append({"batch": batch, "proposer": "none", **{k_: v for k_, v in plain.items()
                                                                         if k_ != "tokens"}})
         cases = [(f"replay fidelity={f}", ReplayProposer(refs, float(f), vocab)) for f in args.fidelity.split(",")]
+        if draft is not None:
+            cases = [(name + " + draft forwards", PaidReplay(draft, prop)) for name, prop in cases]
         cases.append(("random", RandomProposer(vocab)))
         for name, prop in cases:
             set_proposer(llm, prop, k)
