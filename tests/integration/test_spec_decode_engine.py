@@ -137,7 +137,7 @@ def test_embedded_model_copy_prompt_identical_with_prompt_lookup(llm):
     text = ("Tachyon schedules every request against one token budget per step. Prefix caching reuses the "
             "blocks of a prompt seen before, and the scheduler preempts the newest request when blocks run out.")
     msgs = [{"role": "user", "content": "Repeat the following text exactly, word for word:\n\n" + text}]
-    sp = SamplingParams(temperature=0, max_tokens=48)
+    sp = SamplingParams(temperature=0, max_tokens=32)
     ref = llm.chat(msgs, sp)[0].outputs[0].token_ids
     spec = LLM(swap_space=0, speculative_config={"method": "ngram", "num_speculative_tokens": 4})
     out = spec.chat(msgs, sp)[0].outputs[0].token_ids
