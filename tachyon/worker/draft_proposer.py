@@ -8,7 +8,7 @@ allocating: `needs_slots`).
 Per sequence the proposer remembers how far the draft's KV is valid (D). Each proposal for a sequence of L
 known tokens with k to propose:
 
-    catch up:  tokens D .. L-1 in one forward (the first time: the whole prompt)    ─► d1 = argmax
+    catch up:  tokens D .. L-1 (the first time: the whole prompt, in chunks of the budget)   ─► d1 = argmax
     then:      d1 at L, d2 at L+1, ... d_{k-1} at L+k-2, one token per forward      ─► d2 .. dk
     remember:  L and d1 .. d_{k-1}; next time D = L + how many of them the target accepted
 
@@ -70,9 +70,7 @@ class DraftProposer:
     def propose(self, seqs: list, max_tokens: list[int]) -> list[list[int]]:
         views = [_DraftView(list(s.token_ids), s.block_ids, s.num_prompt_tokens) for s in seqs]
         drafts: list[list[int]] = [[] for _ in seqs]
-        first = [ScheduledSeq(v, d, len(v.token_ids) - d, True)
-                 for v, d in zip(views, (self._valid_tokens(s) for s in seqs), strict=True)]
-        self._run(first, views, drafts)
+        self._catch_up(views, [self._valid_tokens(s) for s in seqs], drafts)
         for j in range(1, max(max_tokens, default=0)):
             self._run([ScheduledSeq(v, len(v.token_ids) - 1, 1, True)
                        for v, k in zip(views, max_tokens, strict=True) if k > j], views, drafts)
@@ -80,11 +78,31 @@ class DraftProposer:
             self._state[s] = _DraftState(len(s.token_ids), d[:-1], s.metrics.num_preemptions)
         return drafts
 
+    def _catch_up(self, views: list[_DraftView], valid: list[int], drafts: list[list[int]]) -> None:
+        """Run each view's tokens from where its KV is valid, in forwards of at most the token budget (a long
+        prompt in chunks, each after the one before); the last chunk of each gives its first proposal."""
+        budget = self.runner.config.scheduler.max_num_batched_tokens
+        start, end = list(valid), [len(v.token_ids) for v in views]  # (a sampled proposal joins token_ids)
+        while any(st < e for st, e in zip(start, end, strict=True)):
+            steps, left = [], budget
+            for i, v in enumerate(views):
+                n = min(end[i] - start[i], left)
+                if n <= 0:
+                    continue
+                steps.append(ScheduledSeq(v, start[i], n, start[i] + n == end[i]))
+                start[i] += n
+                left -= n
+                if not left:
+                    break
+            self._run(steps, views, drafts)
+
     def _run(self, steps: list[ScheduledSeq], views: list[_DraftView], drafts: list[list[int]]) -> None:
         """One draft forward; each view's argmax token joins its tokens and its sequence's proposals."""
         if not steps:
             return
         out = self.runner.collect(self.runner.submit(SchedulerOutput(seqs=steps)))
+        if out is None:  # only chunks that sample nothing
+            return
         index = {id(v): i for i, v in enumerate(views)}  # the runner returns rows in its own order
         for view, token in zip(out.seqs, out.token_ids, strict=True):
             view.token_ids.append(token)

@@ -26,6 +26,7 @@ seeded.
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from tachyon.worker.sampler import Sampler
@@ -48,9 +49,10 @@ def verify(sampler: Sampler, logits: torch.Tensor, reqs: list, drafts: list[list
     first = torch.cumsum(k_t + 1, 0) - (k_t + 1)
     pos = torch.arange(K + 1, device=dev)
     rows = first.unsqueeze(1) + torch.minimum(pos.unsqueeze(0), k_t.unsqueeze(1))
-    d = torch.zeros(B, K, dtype=torch.long, device=dev)
+    d_host = np.zeros((B, K), dtype=np.int64)  # proposals, padded; one copy to the device
     for b, dr in enumerate(drafts):
-        d[b, : len(dr)] = torch.tensor(dr, device=dev)
+        d_host[b, : len(dr)] = dr
+    d = torch.from_numpy(d_host).to(dev)
     valid = pos[:K].unsqueeze(0) < k_t.unsqueeze(1)
 
     greedy = [r.sampling_params.greedy for r in reqs]
@@ -75,9 +77,9 @@ def verify(sampler: Sampler, logits: torch.Tensor, reqs: list, drafts: list[list
     if probs is not None:
         residual = probs[stop_rows].clone()
         rejected = num_accepted < k_t  # stopped on a rejection: the rejected proposal leaves the distribution
-        rejected_tok = d.gather(1, num_accepted.clamp(max=K - 1).unsqueeze(1)).squeeze(1)
-        b_idx = torch.arange(B, device=dev)
-        residual[b_idx[rejected], rejected_tok[rejected]] = 0.0
+        rejected_tok = d.gather(1, num_accepted.clamp(max=K - 1).unsqueeze(1))  # [B, 1]
+        kept = residual.gather(1, rejected_tok).masked_fill(rejected.unsqueeze(1), 0.0)
+        residual.scatter_(1, rejected_tok, kept)  # (no boolean indexing: nothing waits for the device)
         # a proposal rejected at p(d) ~ 1 by rounding leaves no mass: emit from p itself (probability ~ 0 anyway)
         empty = residual.sum(dim=-1, keepdim=True) <= 0
         residual = torch.where(empty, probs[stop_rows], residual)

@@ -222,3 +222,17 @@ def test_speculative_config_defaults_and_dict_form():
     assert (c.num_speculative_tokens, c.prompt_lookup_min, c.prompt_lookup_max) == (5, 2, 3)
     assert SpeculativeConfig.parse('{"method": "ngram", "num_speculative_tokens": 1}').prompt_lookup_max == 4
     assert NgramProposer(1, 2).propose([SimpleNamespace(token_ids=[1, 2, 1])], [2]) == [[2, 1]]
+
+
+def test_speculative_config_flag_on_every_engine_command():
+    import argparse
+
+    from tachyon.engine_args import EngineArgs
+
+    p = argparse.ArgumentParser()
+    EngineArgs.add_cli_args(p)
+    args = EngineArgs.from_cli_args(p.parse_args(
+        ["--speculative-config", '{"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 5}']))
+    assert SpeculativeConfig.parse(args.speculative_config) == SpeculativeConfig("ngram", 3, 5, 2)
+    with pytest.raises(ValueError, match="num_speculative_tokens=0"):  # refused before anything loads
+        EngineArgs(speculative_config={"method": "ngram", "num_speculative_tokens": 0})

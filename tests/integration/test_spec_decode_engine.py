@@ -137,7 +137,7 @@ def test_embedded_model_copy_prompt_identical_with_prompt_lookup(llm):
     text = ("Tachyon schedules every request against one token budget per step. Prefix caching reuses the "
             "blocks of a prompt seen before, and the scheduler preempts the newest request when blocks run out.")
     msgs = [{"role": "user", "content": "Repeat the following text exactly, word for word:\n\n" + text}]
-    sp = SamplingParams(temperature=0, max_tokens=48)
+    sp = SamplingParams(temperature=0, max_tokens=32)
     ref = llm.chat(msgs, sp)[0].outputs[0].token_ids
     spec = LLM(swap_space=0, speculative_config={"method": "ngram", "num_speculative_tokens": 4})
     out = spec.chat(msgs, sp)[0].outputs[0].token_ids
@@ -145,3 +145,14 @@ def test_embedded_model_copy_prompt_identical_with_prompt_lookup(llm):
     st = spec.engine.stats()
     assert st.spec_acceptance_rate > 0.5 and st.num_steps < len(ref) * 0.6
     _assert_no_leaks(spec)
+    # the same counters on /metrics, as vLLM names them
+    from tachyon.server.metrics import ServerMetrics
+
+    reg = ServerMetrics(spec.engine, "m").registry
+    m = {"model_name": "m"}
+    assert reg.get_sample_value("tachyon:spec_decode_num_drafts_total", m) == st.spec_num_drafts
+    assert reg.get_sample_value("tachyon:spec_decode_num_draft_tokens_total", m) == st.spec_num_draft_tokens
+    assert reg.get_sample_value("tachyon:spec_decode_num_accepted_tokens_total", m) == st.spec_num_accepted_tokens
+    per_pos = [reg.get_sample_value("tachyon:spec_decode_num_accepted_tokens_per_pos_total", {**m, "position": str(i)})
+               for i in range(4)]
+    assert per_pos == list(st.spec_accepted_per_pos) and sum(per_pos) == st.spec_num_accepted_tokens

@@ -1,0 +1,181 @@
+"""Issue 16 on a GPU: what speculative decoding's machinery costs and gives, with proposers of known acceptance.
+
+llama3-8b with random weights (--load-format dummy), greedy. One engine, built with speculation configured, runs
+every case, so plain decoding (the proposer switched off: CUDA-graph decode steps, steps queued ahead) and
+speculative decoding share the weights, the KV pool and the graphs:
+
+  * replay: proposes the target's own greedy continuation (recorded by a plain run first), each proposal
+    replaced by a random token with probability 1 - `fidelity`: fidelity 1 is acceptance ~1 (the machinery's
+    ceiling), lower values trace acceptance down to the break-even point;
+  * random: k random tokens (acceptance ~0: the overhead of verifying and rolling back).
+
+Verification steps have 1 + k tokens per sequence: they replay the piecewise CUDA graphs (any token count, attention
+eager between the pieces), not the per-batch-size decode graphs; a speculating step is collected before the next
+one is scheduled (its proposals need the tokens on the host).
+
+    PYTHONPATH=. python benchmarks/spec_decode_gpu.py --out $OUT/spec_decode.json
+    PYTHONPATH=. python benchmarks/spec_decode_gpu.py --batches 1,64 --k 4 --fidelity 1,0.9,0.8,0.6,0.4 --out ...
+    # the seeds' pairing: 70B AWQ target, an 8B draft's forwards paying for replayed proposals
+    PYTHONPATH=. python benchmarks/spec_decode_gpu.py --model benchmarks/models/llama3-70b.json --quantization awq \
+        --draft benchmarks/models/llama3-8b.json --num-kv-blocks 4000 --batches 1 --fidelity 0.9,0.8 --out ...
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import statistics
+import sys
+import time
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from tachyon import LLM, SamplingParams  # noqa: E402
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+LLAMA8B = os.path.join(HERE, "models", "llama3-8b.json")
+
+
+def log(*a):
+    print(f"[{time.strftime('%H:%M:%S')}]", *a, flush=True)
+
+
+class ReplayProposer:
+    """Proposes each sequence's recorded greedy continuation; each token swapped for a random one with
+    probability 1 - fidelity."""
+
+    needs_slots = False
+
+    def __init__(self, refs: dict[tuple, list[int]], fidelity: float, vocab: int, seed: int = 0):
+        self.refs, self.fidelity, self.vocab = refs, fidelity, vocab
+        self.rng = random.Random(seed)
+
+    def propose(self, seqs, max_tokens):
+        out = []
+        for s, k in zip(seqs, max_tokens, strict=True):
+            ref = self.refs[tuple(s.prompt_token_ids)]
+            m = s.num_output_tokens
+            out.append([t if self.rng.random() < self.fidelity else self.rng.randrange(self.vocab)
+                        for t in ref[m:m + k]])
+        return out
+
+
+class PaidReplay:
+    """The replay proposer's tokens at the cost of a real draft model: the draft proposes (its forwards and
+    its KV run as in `draft_model` speculation), then its tokens are replaced by the replayed ones, so a random-
+    weight pair runs at the acceptance you choose."""
+
+    needs_slots = True
+
+    def __init__(self, draft, replay: ReplayProposer):
+        self.draft, self.replay = draft, replay
+
+    def propose(self, seqs, max_tokens):
+        self.draft.propose(seqs, max_tokens)
+        return self.replay.propose(seqs, max_tokens)
+
+
+class RandomProposer:
+    needs_slots = False
+
+    def __init__(self, vocab: int, seed: int = 0):
+        self.vocab, self.rng = vocab, random.Random(seed)
+
+    def propose(self, seqs, max_tokens):
+        return [[self.rng.randrange(self.vocab) for _ in range(k)] for k in max_tokens]
+
+
+def set_proposer(llm: LLM, proposer, k: int) -> None:
+    """Switch the engine's proposer (None: plain decoding). The scheduler reads it every step."""
+    sched = llm.engine.scheduler
+    sched.proposer = proposer
+    sched.num_speculative_tokens = k if proposer is not None else 0
+    if len(sched.spec_accepted_per_pos) < k:
+        sched.spec_accepted_per_pos += [0] * (k - len(sched.spec_accepted_per_pos))
+
+
+def run(llm: LLM, prompts: list[list[int]], out_len: int) -> dict:
+    before = llm.engine.stats()
+    t0 = time.monotonic()
+    outs = llm.generate([{"prompt_token_ids": p} for p in prompts],
+                        SamplingParams(temperature=0, max_tokens=out_len, ignore_eos=True))
+    st = llm.engine.stats()
+    dur = max(o.metrics.finished_time for o in outs) - t0
+    per_req = [(len(o.outputs[0].token_ids) - 1) / (o.metrics.finished_time - o.metrics.first_token_time)
+               for o in outs]
+    # decode phase of the batch: from the last request's first token to the first request's finish
+    start = max(o.metrics.first_token_time for o in outs)
+    end = min(o.metrics.finished_time for o in outs)
+    drafted = st.spec_num_draft_tokens - before.spec_num_draft_tokens
+    return {"tokens": [o.outputs[0].token_ids for o in outs], "duration_s": dur,
+            "output_tok_s": sum(len(o.outputs[0].token_ids) for o in outs) / dur,
+            "median_decode_tok_s_per_request": statistics.median(per_req),
+            "batch_decode_tok_s": len(outs) * (out_len - 1) / (end - start) if end > start else None,
+            "steps": st.num_steps - before.num_steps, "draft_tokens": drafted,
+            "acceptance_rate": (st.spec_num_accepted_tokens - before.spec_num_accepted_tokens) / drafted
+            if drafted else None}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--model", default=LLAMA8B)
+    ap.add_argument("--batches", default="1,64")
+    ap.add_argument("--k", type=int, default=4)
+    ap.add_argument("--fidelity", default="1,0.9,0.8,0.7,0.6,0.5,0.4")
+    ap.add_argument("--input-len", type=int, default=128)
+    ap.add_argument("--output-len", type=int, default=256)
+    ap.add_argument("--max-model-len", type=int, default=2048)
+    ap.add_argument("--quantization", default=None, help="the target's (awq: random 4-bit weights)")
+    ap.add_argument("--draft", default=None, help="a draft model's config.json (random weights): replay proposals "
+                    "paid for by its forwards (the issue's 70B AWQ + 8B pairing)")
+    ap.add_argument("--num-kv-blocks", type=int, default=None, help="the KV pool (needed with --draft: the pool is "
+                    "sized before the draft loads, so leave it room)")
+    args = ap.parse_args()
+    k = args.k
+    spec = ({"method": "draft_model", "model": args.draft, "num_speculative_tokens": k} if args.draft
+            else {"method": "ngram", "num_speculative_tokens": k})
+    llm = LLM(model=args.model, load_format="dummy", max_model_len=args.max_model_len, swap_space=0,
+              quantization=args.quantization, num_kv_blocks=args.num_kv_blocks, speculative_config=spec)
+    draft = llm.engine.scheduler.proposer if args.draft else None
+    vocab = llm.engine.config.model.vocab_size
+    device = torch.cuda.get_device_properties(0).name if torch.cuda.is_available() else "cpu"
+    result = {"command": "PYTHONPATH=. python " + " ".join(sys.argv), "device": device, "torch": torch.__version__,
+              "model": os.path.basename(args.model) + " (random weights, bf16)", "k": k,
+              "input_len": args.input_len, "output_len": args.output_len,
+              "verification_steps": "piecewise CUDA graphs" if llm.engine.runner.piecewise_graphs is not None
+              else "eager", "cases": []}
+    rng = random.Random(0)
+    for batch in [int(b) for b in args.batches.split(",")]:
+        prompts = [[rng.randrange(vocab // 8, vocab - vocab // 8) for _ in range(args.input_len)] for _ in range(batch)]
+        set_proposer(llm, None, k)
+        run(llm, prompts[:1], 8)  # warm-up
+        plain = run(llm, prompts, args.output_len)
+        refs = {tuple(pr): toks for pr, toks in zip(prompts, plain["tokens"], strict=True)}
+        base = plain["batch_decode_tok_s"]
+        log(f"batch {batch} plain: {base:.1f} tok/s decode, {plain['output_tok_s']:.1f} tok/s output")
+        result["cases"].append({"batch": batch, "proposer": "none", **{k_: v for k_, v in plain.items()
+                                                                        if k_ != "tokens"}})
+        cases = [(f"replay fidelity={f}", ReplayProposer(refs, float(f), vocab)) for f in args.fidelity.split(",")]
+        if draft is not None:
+            cases = [(name + " + draft forwards", PaidReplay(draft, prop)) for name, prop in cases]
+        cases.append(("random", RandomProposer(vocab)))
+        for name, prop in cases:
+            set_proposer(llm, prop, k)
+            r = run(llm, prompts, args.output_len)
+            same = sum(a == b for a, b in zip(r.pop("tokens"), plain["tokens"], strict=True))
+            r.update(batch=batch, proposer=name, speedup_vs_plain=r["batch_decode_tok_s"] / base,
+                     outputs_identical_to_plain=f"{same}/{batch}")
+            result["cases"].append(r)
+            log(f"batch {batch} {name}: acceptance {r['acceptance_rate']:.3f}, {r['batch_decode_tok_s']:.1f} tok/s "
+                f"decode (x{r['speedup_vs_plain']:.2f}), identical {same}/{batch}")
+        with open(args.out, "w") as f:
+            json.dump(result, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
