@@ -32,3 +32,6 @@ for kv in auto fp8; do
     --kv-cache-dtype $kv --out "$OUT/perf_kv_$kv.json" > "$OUT/perf_kv_$kv.log" 2>&1
   grep -E "single|throughput" "$OUT/perf_kv_$kv.log" | cut -c1-300 | tail -2
 done
+# the device tool brings back 8 files: the logs travel as one archive
+(cd "$OUT" && tar czf logs.tgz *.log gpu*.txt && rm -f *.log gpu*.txt)
+ls "$OUT"
