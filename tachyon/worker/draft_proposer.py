@@ -36,6 +36,7 @@ class _DraftView:
     num_prompt_tokens: int
     sampling_params: SamplingParams = field(default_factory=lambda: _GREEDY)
     generator: None = None
+    grammar: None = None
     eos_token_ids: frozenset = frozenset()
     output_token_ids: list[int] = field(default_factory=list)  # read only with penalties (greedy has none)
 

@@ -76,7 +76,7 @@ class DeviceSample:
         sampled_rank: list[int | None] = [None] * S
         if self.chosen is not None:
             chosen = self.chosen.tolist()
-            ranks = self.ranks.tolist()
+            ranks = self.ranks.tolist() if self.ranks is not None else [None] * S
             top_vals = self.top_vals.tolist() if self.top_vals is not None else None
             top_ids = self.top_ids.tolist() if self.top_ids is not None else None
             for i, n in enumerate(self.want_logprobs):
