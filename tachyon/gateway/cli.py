@@ -11,15 +11,16 @@ import logging
 
 def add_gateway_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", required=True, help="gateway.yaml: pools, routes, keys (see tachyon/gateway/config.py)")
-    p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=8080)
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default: %(default)s)")
+    p.add_argument("--port", type=int, default=8080, help="port to listen on (default: %(default)s)")
     p.add_argument("--redis-url", default=None,
                    help="keep per-key limits in Redis (redis://HOST:6379/0), shared by every gateway replica "
                         "(default: in this process)")
     p.add_argument("--admin-key", default=None,
                    help="enable POST /admin/reload (Authorization: Bearer ADMIN_KEY): re-read --config and swap it in "
                         "without dropping requests in flight")
-    p.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
+    p.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"],
+                   help="log level (default: %(default)s)")
 
 
 def run_gateway(args: argparse.Namespace) -> int:
