@@ -10,6 +10,8 @@ import dataclasses
 import logging
 import time
 
+import torch
+
 from tachyon.config import EngineConfig, num_kv_blocks_for_budget
 from tachyon.engine.engine import LLMEngine
 from tachyon.engine.ngram_proposer import NgramProposer
@@ -33,13 +35,32 @@ def build_engine(args: EngineArgs) -> LLMEngine:
     return engine
 
 
-def build_runner(args: EngineArgs) -> tuple[EngineConfig, ModelRunner, int, int]:
-    """The config, a ready runner (weights, KV pool, swap space, graphs), and its (device, CPU) block counts."""
+def build_runner(args: EngineArgs, group: tuple | None = None) -> tuple[EngineConfig, ModelRunner, int, int]:
+    """The config, a ready runner (weights, KV pool, swap space, graphs), and its (device, CPU) block counts.
+
+    With tensor_parallel_size > 1 this process joins the group (tachyon.distributed; `group` is the joined
+    (TensorParallel, Workers) of a spawned rank): rank 0's runner is returned, the other ranks serve its steps
+    here and exit when it stops."""
     path = model_path(args)
-    config = args.create_engine_config(load_config(path), args.resolve_device())
+    tp = workers = None
+    device = args.resolve_device()
+    if args.tensor_parallel_size > 1:
+        from tachyon.distributed import join_group
+
+        tp, workers = group if group is not None else join_group(args)
+        if device.type == "cuda":
+            device = torch.device("cuda", tp.local_rank)
+    config = args.create_engine_config(load_config(path), device)
     bare_config = path.endswith(".json")  # a bare config.json: random weights
-    runner = ModelRunner(config, None if args.load_format == "dummy" and bare_config else path, args.load_format)
-    return (config, runner, *prepare_runner(config, runner))
+    runner = ModelRunner(config, None if args.load_format == "dummy" and bare_config else path, args.load_format, tp)
+    blocks = prepare_runner(config, runner)
+    if tp is not None and not tp.is_driver:
+        runner.serve_steps()
+        torch.distributed.destroy_process_group()
+        raise SystemExit(0)
+    if tp is not None:
+        runner.workers, runner.serving = workers, True
+    return (config, runner, *blocks)
 
 
 def build_proposer(args: EngineArgs, config: EngineConfig, num_blocks: int) -> Proposer | None:
@@ -50,6 +71,9 @@ def build_proposer(args: EngineArgs, config: EngineConfig, num_blocks: int) -> P
         return None
     if spec.method == "ngram":
         return NgramProposer(spec.prompt_lookup_min, spec.prompt_lookup_max)
+    if args.tensor_parallel_size > 1:
+        raise ValueError("a draft model with tensor_parallel_size > 1 is not supported: use the ngram method, or "
+                         "tensor_parallel_size=1")
     from tachyon.worker.draft_proposer import DraftProposer
 
     draft_args = dataclasses.replace(args, model=spec.model, speculative_config=None, num_kv_blocks=num_blocks,
@@ -71,7 +95,7 @@ def front_end_tokenizer(args: EngineArgs):
 
 def prepare_runner(config: EngineConfig, runner: ModelRunner) -> tuple[int, int]:
     """Size and allocate the KV pool and the CPU swap space, warm up (CUDA graphs); (device, CPU) blocks."""
-    num_blocks = num_kv_blocks(config, runner)
+    num_blocks = runner.agree_num_blocks(num_kv_blocks(config, runner))
     runner.allocate_kv_cache(num_blocks)
     num_cpu_blocks = min(int(config.cache.swap_space_gib * (1 << 30) // runner.kv_bytes_per_block()), 1 << 20)
     runner.allocate_swap_space(num_cpu_blocks)
@@ -123,7 +147,9 @@ def num_kv_blocks(config: EngineConfig, runner: ModelRunner) -> int:
         return config.cache.num_kv_blocks
     if config.device.type == "cuda":
         return runner.profile_num_blocks()
-    return num_kv_blocks_for_budget(config.model, config.cache.dtype, config.cache.block_size, config.cache.kv_cache_bytes)
+    # runner.model.cfg: this rank's heads under tensor parallelism (the budget is each rank's)
+    return num_kv_blocks_for_budget(runner.model.cfg, config.cache.dtype, config.cache.block_size,
+                                    config.cache.kv_cache_bytes)
 
 
 def default_sampling_values(args: EngineArgs) -> dict:

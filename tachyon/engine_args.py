@@ -98,8 +98,13 @@ class EngineArgs:
               'penalties or logprobs decode without it')
     enable_chunked_prefill: bool = _knob(True, "split long prompts into chunks that share steps with decodes "
                                                "(always on: the scheduler has one token budget and no phases)")
-    tensor_parallel_size: int = _knob(1, "GPUs one model is split over (only 1 yet; run replicas behind "
-                                         "`tachyon gateway` instead)")
+    tensor_parallel_size: int = _knob(1, "ranks (GPUs, or CPU processes) one model is split over: heads, MLP and "
+                                         "vocabulary sharded, all-reduces over NCCL on GPUs, gloo on the CPU",
+                                      aliases=("-tp",))
+    distributed_executor_backend: str = _knob("mp", "how the tensor-parallel ranks start: mp (this process "
+                                                    "starts ranks 1..N-1 on this host) | external_launcher "
+                                                    "(torchrun or another launcher started every rank; see "
+                                                    "README)", choices=["mp", "external_launcher"])
     disable_log_stats: bool = _knob(False, "no periodic throughput/queue log line (serve)")
 
     def __post_init__(self) -> None:
@@ -111,9 +116,8 @@ class EngineArgs:
         if not self.enable_chunked_prefill:
             raise ValueError("enable_chunked_prefill=False is not supported: prefill is always chunked into the "
                              "step's token budget (drop the flag; --max-num-batched-tokens sets the chunk)")
-        if self.tensor_parallel_size != 1:
-            raise ValueError(f"tensor_parallel_size={self.tensor_parallel_size} is not supported yet: use 1 and "
-                             f"run replicas behind `tachyon gateway`")
+        if self.tensor_parallel_size < 1:
+            raise ValueError(f"tensor_parallel_size={self.tensor_parallel_size}: it must be >= 1")
 
     @classmethod
     def field_names(cls) -> set[str]:
@@ -130,13 +134,14 @@ class EngineArgs:
                 continue
             kind = _value_type(hints[f.name])
             kwargs = dict(f.metadata)
+            aliases = kwargs.pop("aliases", ())
             if kind is bool:
                 kwargs["action"] = argparse.BooleanOptionalAction
             elif kind is not str:
                 kwargs["type"] = kind
             if f.default is not None and "default" not in kwargs["help"]:
                 kwargs["help"] += " (default: %(default)s)"
-            group.add_argument("--" + f.name.replace("_", "-"), default=f.default, **kwargs)
+            group.add_argument("--" + f.name.replace("_", "-"), *aliases, default=f.default, **kwargs)
 
     @classmethod
     def from_cli_args(cls, args: argparse.Namespace) -> EngineArgs:

@@ -68,10 +68,15 @@ class ModelRunnerOutput:
     sampled_ranks: list[int | None] | None = None  # rows that asked for logprobs: the sampled token's rank
 
 
+class RunnerFault(RuntimeError):
+    """The runner cannot go on, whatever the requests (a tensor-parallel worker is gone): the engine stops."""
+
+
 class ModelRunner(Protocol):
     """What the engine core may ask of a runner (tachyon.worker.model_runner.ModelRunner is the one)."""
 
     block_size: int
+    fault: str | None  # why the runner cannot go on (checked between steps too), else None
 
     def submit(self, sched: SchedulerOutput) -> object:
         """Queue the step; returns a handle for collect. Raises if the batch cannot run (the engine then

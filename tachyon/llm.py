@@ -25,7 +25,7 @@ PromptType = str | dict | list[int]
 # vLLM's LLM(...) arguments that Tachyon does not implement: an error names them rather than ignoring them.
 VLLM_ONLY_ARGUMENTS = frozenset({
     "tokenizer_mode", "skip_tokenizer_init", "allowed_local_media_path", "pipeline_parallel_size",
-    "data_parallel_size", "distributed_executor_backend", "cpu_offload_gb", "enable_lora", "max_lora_rank",
+    "data_parallel_size", "cpu_offload_gb", "enable_lora", "max_lora_rank",
     "max_loras", "enable_prompt_adapter", "hf_overrides", "hf_token", "mm_processor_kwargs",
     "limit_mm_per_prompt", "compilation_config", "task", "runner", "convert", "override_pooler_config",
     "disable_custom_all_reduce", "max_seq_len_to_capture", "enable_sleep_mode", "code_revision",

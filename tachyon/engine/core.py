@@ -37,7 +37,7 @@ from tachyon.engine.messages import EngineCoreOutput, EngineCoreRequest, EngineS
 from tachyon.engine.scheduler import Scheduler
 from tachyon.engine.sequence import Sequence, SequenceGroup, SequenceStatus
 from tachyon.engine.structured_output import GrammarCompiler
-from tachyon.interface import ModelRunner, ModelRunnerOutput, Proposer, SchedulerOutput
+from tachyon.interface import ModelRunner, ModelRunnerOutput, Proposer, RunnerFault, SchedulerOutput
 from tachyon.outputs import RequestMetrics
 
 logger = logging.getLogger("tachyon")
@@ -48,6 +48,8 @@ _DEVICE_FAULTS = ("CUDA error", "device-side assert", "illegal memory access", "
 
 def is_device_fault(e: BaseException) -> bool:
     """Whether an exception means the device itself failed (then nothing on it can be trusted any more)."""
+    if isinstance(e, RunnerFault):
+        return True
     accel = getattr(torch, "AcceleratorError", None)
     if accel is not None and isinstance(e, accel):
         return True
@@ -172,6 +174,18 @@ class EngineCore:
         if still and not self.scheduler.num_unfinished and not self.in_flight:
             wait([still[0][1]], timeout=0.005)  # nothing else to do: no busy loop while it compiles
         return outputs
+
+    def check_runner(self) -> None:
+        """RunnerFault if the runner cannot go on (a tensor-parallel worker died), also while no request runs."""
+        fault = getattr(self.runner, "fault", None)
+        if fault is not None:
+            raise RunnerFault(fault)
+
+    def shutdown(self) -> None:
+        """Let the runner's tensor-parallel workers go."""
+        stop = getattr(self.runner, "shutdown", None)
+        if stop is not None:
+            stop()
 
     # -- the loop ----------------------------------------------------------------------------------------
     def step(self) -> list[EngineCoreOutput]:

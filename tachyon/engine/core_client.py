@@ -52,8 +52,10 @@ def run_core_loop(core, conn, info: dict) -> None:
                 elif kind == "stop":
                     core.stop_sequence(arg)
                 elif kind == "shutdown":
+                    core.shutdown()
                     return
             timeout = 0.0
+        core.check_runner()  # a dead tensor-parallel worker stops the core even while it is idle
         if core.has_unfinished_requests() or core.in_flight:
             outputs = core.step()
             if outputs:

@@ -79,7 +79,8 @@ class LLMEngine:
         """In one process the engine is alive as long as its caller (tachyon.engine.core_client differs)."""
 
     def shutdown(self) -> None:
-        """Nothing to stop in one process."""
+        """Let the runner's tensor-parallel workers go (nothing else to stop in one process)."""
+        self.core.shutdown()
 
     # -- introspection -------------------------------------------------------------------------------------
     @property

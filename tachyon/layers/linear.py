@@ -24,6 +24,27 @@ def make_linear(in_features: int, out_features: int, bias: bool, quant: QuantCon
     return AWQLinear(in_features, out_features, bias, quant)
 
 
+# Where a checkpoint tensor's output and input features lie, per format and tensor kind: (output dim, features
+# per index along it, input dim, features per index), None where the tensor has no such dim (tensor parallelism
+# cuts column-parallel layers along the output features, row-parallel ones along the input features). "G": the
+# AWQ group size.
+_SHARD_DIMS = {
+    "dense": {"weight": (0, 1, 1, 1), "bias": (0, 1, None, 1)},
+    "int8": {"qweight": (0, 1, 1, 1), "scales": (0, 1, None, 1), "bias": (0, 1, None, 1)},
+    "awq": {"qweight": (1, 8, 0, 1), "qzeros": (1, 8, 0, "G"), "scales": (1, 1, 0, "G"), "bias": (0, 1, None, 1)},
+    "compressed-tensors": {"weight_packed": (0, 1, 1, 8), "weight_scale": (0, 1, 1, "G"),
+                           "weight_zero_point": (0, 8, 1, "G"), "bias": (0, 1, None, 1)},
+}
+
+
+def shard_dims(checkpoint_format: str, kind: str, group_size: int) -> tuple[int | None, int, int | None, int]:
+    """(output dim, its features per index, input dim, its features per index) of a checkpoint tensor."""
+    dims = _SHARD_DIMS[checkpoint_format].get(kind)
+    if dims is None:
+        raise ValueError(f"a {checkpoint_format}-format checkpoint tensor {kind!r} cannot be sharded")
+    return tuple(group_size if d == "G" else d for d in dims)
+
+
 def _int_param(*shape: int, dtype: torch.dtype) -> nn.Parameter:
     return nn.Parameter(torch.empty(*shape, dtype=dtype), requires_grad=False)
 
@@ -95,9 +116,17 @@ class Int8Linear(QuantLinear):
         super().__init__(in_features, out_features, bias, quant)
         self.qweight = _int_param(out_features, in_features, dtype=torch.int8)
         self.scales = nn.Parameter(torch.empty(out_features), requires_grad=False)
+        # a row-parallel shard (tensor parallelism): the input features [a, b) of the whole layer it holds
+        self.in_range: tuple[int, int] | None = None
 
     def _load(self, kind, tensor, start, size, name):
-        if kind == "weight":  # a dense checkpoint, quantized here
+        if kind == "weight" and self.in_range is not None and tensor.shape[-1] != self.in_features:
+            q, s = quantize_int8(tensor)  # the whole rows: each scale is its row's, as unsharded
+            a, b = self.in_range
+            copy_checked(self.qweight.data[start:start + size], q[:, a:b], name)
+            self.scales.data[start:start + size].copy_(s)
+            self._loaded.update({(start, "qweight"), (start, "scales")})
+        elif kind == "weight":  # a dense checkpoint, quantized here
             if tuple(tensor.shape) != (size, self.in_features):
                 raise ValueError(f"checkpoint tensor {name} has shape {tuple(tensor.shape)}, the config expects "
                                  f"{(size, self.in_features)}")

@@ -2,6 +2,10 @@
 
 Inputs are packed and unpadded: `input_ids` and `positions` are [T] for all sequences of a step together;
 attention reads and writes the paged KV cache through the backend in `layers/attention.py`.
+
+Under tensor parallelism (`tp`, tachyon.layers.parallel) the model is built from this rank's slice of the config
+(tachyon.models.sharding: its heads, its intermediate features), o_proj and down_proj each end in one all-reduce,
+and the embedding and LM head hold their vocabulary rows. Without it nothing of that runs.
 """
 
 from __future__ import annotations
@@ -14,15 +18,18 @@ from torch import nn
 from tachyon.config import ModelConfig
 from tachyon.layers.activation import silu_and_mul_ref
 from tachyon.layers.attention import AttentionMetadata
-from tachyon.layers.linear import QuantLinear, copy_checked, make_linear
+from tachyon.layers.linear import Int8Linear, QuantLinear, copy_checked, make_linear
 from tachyon.layers.norm import RMSNorm
+from tachyon.layers.parallel import ParallelLMHead, TensorParallel, VocabParallelEmbedding
 from tachyon.layers.rotary import RotaryEmbedding
+from tachyon.models.sharding import plan_shards
 
 
 class Attention(nn.Module):
-    def __init__(self, cfg: ModelConfig, layer_idx: int):
+    def __init__(self, cfg: ModelConfig, layer_idx: int, tp: TensorParallel | None = None):
         super().__init__()
         self.layer_idx = layer_idx
+        self.tp = tp
         self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
         self.q_size = self.num_heads * self.head_dim
         self.kv_size = self.num_kv_heads * self.head_dim
@@ -54,28 +61,31 @@ class Attention(nn.Module):
         else:
             q, k = rotary(positions, q, k)
             o = backend.forward(q, k, v, kv_cache[0], kv_cache[1], meta, self.scale, self.k_scale, self.v_scale)
-        return self.o_proj(o.reshape(T, self.q_size))
+        out = self.o_proj(o.reshape(T, self.q_size))
+        return out if self.tp is None else self.tp.all_reduce(out)
 
 
 class MLP(nn.Module):
-    def __init__(self, cfg: ModelConfig):
+    def __init__(self, cfg: ModelConfig, tp: TensorParallel | None = None):
         super().__init__()
+        self.tp = tp
         quant = cfg.quantization
         self.gate_up_proj = make_linear(cfg.hidden_size, 2 * cfg.intermediate_size, False, quant)
         self.down_proj = make_linear(cfg.intermediate_size, cfg.hidden_size, False, quant)
         self.act = silu_and_mul_ref  # the GPU runner swaps in the fused kernel
 
     def forward(self, x):
-        return self.down_proj(self.act(self.gate_up_proj(x)))
+        out = self.down_proj(self.act(self.gate_up_proj(x)))
+        return out if self.tp is None else self.tp.all_reduce(out)
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, cfg: ModelConfig, layer_idx: int):
+    def __init__(self, cfg: ModelConfig, layer_idx: int, tp: TensorParallel | None = None):
         super().__init__()
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.self_attn = Attention(cfg, layer_idx)
+        self.self_attn = Attention(cfg, layer_idx, tp)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.mlp = MLP(cfg)
+        self.mlp = MLP(cfg, tp)
 
     def forward(self, positions, hidden, residual, kv_cache, meta, backend, rotary):
         if residual is None:
@@ -95,13 +105,29 @@ class LlamaForCausalLM(nn.Module):
         ("gate_up_proj", "gate_proj", 0), ("gate_up_proj", "up_proj", 1),
     ]
 
-    def __init__(self, cfg: ModelConfig, max_positions: int | None = None):
+    def __init__(self, cfg: ModelConfig, max_positions: int | None = None, tp: TensorParallel | None = None):
         super().__init__()
-        self.cfg = cfg
-        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
-        self.layers = nn.ModuleList(DecoderLayer(cfg, i) for i in range(cfg.num_layers))
+        self.tp = tp
+        self.shard = None  # tachyon.models.sharding.ShardPlan under tensor parallelism
+        if tp is None:
+            self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+            self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        else:
+            self.shard = plan_shards(cfg, tp.rank, tp.size)
+            self.full_cfg = cfg
+            cfg = self.shard.local_config(cfg)
+            self.embed_tokens = VocabParallelEmbedding(cfg.vocab_size, cfg.hidden_size, tp)
+            self.lm_head = ParallelLMHead(cfg.vocab_size, cfg.hidden_size, tp)
+        self.cfg = cfg  # this rank's slice of the model (all of it without tensor parallelism)
+        self.layers = nn.ModuleList(DecoderLayer(cfg, i, tp) for i in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        if self.shard is not None:
+            q0, k0 = self.shard.q_heads[0] * cfg.head_dim, self.shard.intermediate[0]
+            for layer in self.layers:  # an int8 row shard quantizes whole rows, then keeps its columns
+                for proj, a, n in ((layer.self_attn.o_proj, q0, layer.self_attn.q_size),
+                                   (layer.mlp.down_proj, k0, cfg.intermediate_size)):
+                    if isinstance(proj, Int8Linear):
+                        proj.in_range = (a, a + n)
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
         self.rotary = RotaryEmbedding(cfg.head_dim, max_positions or cfg.max_position_embeddings,
@@ -125,12 +151,19 @@ class LlamaForCausalLM(nn.Module):
         return hidden
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """[rows, vocab] fp32 logits (under tensor parallelism: on rank 0; the others get their shard's)."""
         return self.lm_head(hidden).float()
+
+    @property
+    def logits_size(self) -> int:
+        """The width of what compute_logits returns on this rank."""
+        return self.cfg.vocab_size if self.tp is None else self.lm_head.logits_size
 
     @torch.no_grad()
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Copy checkpoint tensors (HF names) into the fused parameters; complain about anything missing.
-        A quantized layer takes its packed tensors through its own `load` (layers/linear.py)."""
+        A quantized layer takes its packed tensors through its own `load` (layers/linear.py). Under tensor
+        parallelism a tensor may be a safetensors slice: only this rank's part of it is read."""
         params = dict(self.named_parameters())
         quant_layers = {n: m for n, m in self.named_modules() if isinstance(m, QuantLinear)}
         loaded: set[str] = set()
@@ -144,6 +177,10 @@ class LlamaForCausalLM(nn.Module):
                 continue
             if name == "lm_head.weight" and c.tie_word_embeddings:
                 continue
+            if self.shard is not None:
+                quant = c.quantization
+                tensor = self.shard.read(name, tensor, self.full_cfg, int8_whole_rows=quant is not None
+                                         and quant.method == "int8" and quant.checkpoint_format == "dense")
             start = size = shard = None
             target = name
             for fused, part, sh in self.stacked_params:

@@ -60,6 +60,16 @@ def safetensors_files(path: str) -> list[str]:
 
 
 def iter_weights(path: str) -> Iterator[tuple[str, torch.Tensor]]:
+    yield from _iter_checkpoint(path, lazy=False)
+
+
+def iter_weight_slices(path: str) -> Iterator[tuple[str, object]]:
+    """Like iter_weights, but each safetensors tensor comes as a slice that reads only the part it is indexed by
+    (tensor parallelism: a rank reads its shard); a GGUF file's tensors come whole."""
+    yield from _iter_checkpoint(path, lazy=True)
+
+
+def _iter_checkpoint(path: str, lazy: bool) -> Iterator[tuple[str, object]]:
     if path.endswith(".gguf"):
         from tachyon.models.gguf_loader import iter_gguf_tensors
 
@@ -74,7 +84,7 @@ def iter_weights(path: str) -> Iterator[tuple[str, torch.Tensor]]:
         try:
             with safe_open(file, framework="pt") as f:
                 for name in f.keys():
-                    yield name, f.get_tensor(name)
+                    yield name, f.get_slice(name) if lazy else f.get_tensor(name)
         except Exception as e:  # SafetensorError, OSError on truncated headers
             raise ValueError(f"{file} is not a valid safetensors file ({e}); re-download or re-save it") from None
 

@@ -42,7 +42,7 @@ class CudaGraphs:
         self.query_start_loc = torch.arange(max_bs + 1, dtype=torch.int32, device=dev)
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         # every graph writes its logits here, so the graphs' outputs don't pile up in the memory pool
-        self.logits = torch.empty(max_bs, runner.config.model.vocab_size, dtype=torch.float32, device=dev)
+        self.logits = torch.empty(max_bs, runner.model.logits_size, dtype=torch.float32, device=dev)
 
     def _meta(self, bs: int) -> AttentionMetadata:
         return AttentionMetadata(

@@ -8,10 +8,18 @@ device, so steps are queued back to back without the host in between.
 A sequence that speculates (1 + k new tokens: its last token and k proposals) sits with the prefill chunks: its
 k + 1 positions give k + 1 rows of logits, which tachyon.worker.spec_decode verifies. With CUDA graphs such a
 step is not a pure decode, so it replays the piecewise graphs (any token count) or runs eagerly without them.
+
+Under tensor parallelism (`tp`) every rank has a runner over its shard of the model and of the KV pool (its KV
+heads, the same block ids). Rank 0's is the engine's: each step it sends the batch arrays to the other ranks
+once (one small message over the CPU group, `StepMessage`) and broadcasts the input ids on the device; every
+rank then runs the same forward, meeting in its all-reduces, and only rank 0 samples. The other ranks sit in
+`serve_steps` until rank 0 sends None. Start-up (KV calibration, the GPU profile, graph captures) runs the
+same code on every rank, so its collectives pair up without messages.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 import weakref
@@ -22,9 +30,10 @@ import numpy as np
 import torch
 
 from tachyon.config import EngineConfig, kv_cache_bytes_per_token
-from tachyon.interface import ModelRunnerOutput, ScheduledSeq, SchedulerOutput
+from tachyon.interface import ModelRunnerOutput, RunnerFault, ScheduledSeq, SchedulerOutput
 from tachyon.layers.attention import AttentionMetadata, get_attention_backend
-from tachyon.models.loader import iter_weights, random_weights_
+from tachyon.layers.parallel import TensorParallel
+from tachyon.models.loader import iter_weight_slices, iter_weights, random_weights_
 from tachyon.models.registry import model_class
 from tachyon.worker.sampler import DeviceSample, Sampler
 from tachyon.worker.spec_decode import verify
@@ -52,6 +61,16 @@ class StepInputs:
 
 
 @dataclass
+class StepMessage:
+    """What rank 0 sends the other ranks once per step: the swaps and the batch arrays (no sequences; the input
+    ids follow on the device, where pending ones are filled in)."""
+
+    swap_out: list[tuple[int, int]]
+    swap_in: list[tuple[int, int]]
+    inputs: StepInputs
+
+
+@dataclass
 class _InFlight:
     """A submitted step: what collect waits for."""
 
@@ -62,8 +81,13 @@ class _InFlight:
 
 
 class ModelRunner:
-    def __init__(self, config: EngineConfig, model_path: str | None, load_format: str = "auto"):
+    def __init__(self, config: EngineConfig, model_path: str | None, load_format: str = "auto",
+                 tp: TensorParallel | None = None):
         self.config = config
+        self.tp = tp
+        self.is_driver = tp is None or tp.is_driver  # the rank that samples and answers the engine
+        self.serving = False  # rank 0 of several: start-up is over, the other ranks wait for step messages
+        self.workers = None  # rank 0: what watches the other ranks' processes (tachyon.distributed)
         self.device = config.device
         self.dtype = config.dtype
         self.block_size = config.cache.block_size
@@ -76,13 +100,13 @@ class ModelRunner:
         cls = model_class(config.model)
         max_pos = max(config.scheduler.max_model_len, config.model.max_position_embeddings)
         with torch.device("meta"):  # no time spent initialising weights that are overwritten anyway
-            model = cls(config.model, max_positions=max_pos)
+            model = cls(config.model, max_positions=max_pos, **({"tp": tp} if tp is not None else {}))
         model = model.to_empty(device=self.device).to(self.dtype)
         model.finish_init(self.device)
         if load_format == "dummy":
             random_weights_(model, seed=config.seed)
         else:
-            model.load_weights(iter_weights(model_path))
+            model.load_weights(iter_weights(model_path) if tp is None else iter_weight_slices(model_path))
         self.model = model.eval()
         self.load_time_s = time.perf_counter() - t0
         self.kv_dtype = config.cache.dtype
@@ -117,10 +141,14 @@ class ModelRunner:
 
     # -- KV cache ---------------------------------------------------------------------------------------
     def kv_bytes_per_block(self) -> int:
-        return kv_cache_bytes_per_token(self.config.model, self.kv_dtype) * self.block_size
+        return kv_cache_bytes_per_token(self.model.cfg, self.kv_dtype) * self.block_size
+
+    def agree_num_blocks(self, num_blocks: int) -> int:
+        """The KV pool's block count every rank can hold (block ids are shared; each rank has its own heads)."""
+        return num_blocks if self.tp is None else self.tp.min_over_ranks(num_blocks)
 
     def allocate_kv_cache(self, num_blocks: int) -> None:
-        m = self.config.model
+        m = self.model.cfg
         shape = (m.num_layers, 2, num_blocks, self.block_size, m.num_kv_heads, m.head_dim)
         # zeros, not empty: masked-out padding still enters SDPA's weighted sum (0 * NaN = NaN)
         self._kv = torch.zeros(shape, dtype=self.kv_dtype, device=self.device)
@@ -132,7 +160,7 @@ class ModelRunner:
         if num_cpu_blocks <= 0:
             self.swap_buffer = None
             return
-        m = self.config.model
+        m = self.model.cfg
         self.swap_buffer = torch.empty((m.num_layers, 2, num_cpu_blocks, self.block_size, m.num_kv_heads, m.head_dim),
                                        dtype=self._kv_raw().dtype, pin_memory=self.device.type == "cuda")
 
@@ -233,21 +261,52 @@ class ModelRunner:
             num_decodes=x.num_decodes, max_query_len=max(x.q_lens), max_seq_len=max(s_lens),
             query_lens_cpu=x.q_lens, seq_lens_cpu=s_lens)
 
+    def _swap(self, swap_out: list[tuple[int, int]], swap_in: list[tuple[int, int]]) -> None:
+        if swap_out:
+            dev, cpu = zip(*swap_out, strict=True)
+            self.swap_buffer[:, :, list(cpu)] = self._kv_raw()[:, :, list(dev)].to(self.swap_buffer.device)
+        if swap_in:
+            cpu, dev = zip(*swap_in, strict=True)
+            self._kv_raw()[:, :, list(dev)] = self.swap_buffer[:, :, list(cpu)].to(self.device, non_blocking=True)
+
+    @property
+    def fault(self) -> str | None:
+        """Why this runner cannot go on (a tensor-parallel worker is gone), else None."""
+        return self.workers.fault if self.workers is not None else None
+
     @torch.inference_mode()
     def submit(self, sched: SchedulerOutput) -> _InFlight:
         """Queue one step: swap copies, the forward, the sampling. Returns without waiting for the device."""
-        if sched.swap_out:
-            dev, cpu = zip(*sched.swap_out, strict=True)
-            self.swap_buffer[:, :, list(cpu)] = self._kv_raw()[:, :, list(dev)].to(self.swap_buffer.device)
-        if sched.swap_in:
-            cpu, dev = zip(*sched.swap_in, strict=True)
-            self._kv_raw()[:, :, list(dev)] = self.swap_buffer[:, :, list(cpu)].to(self.device, non_blocking=True)
         x = self.prepare(sched.seqs)
-        input_ids = self._input_ids(x)
+        if not self.serving:
+            self._swap(sched.swap_out, sched.swap_in)
+            logits = self._forward(x, self._input_ids(x))
+        else:  # rank 0 of several: a failure inside the collectives leaves the ranks out of step for good
+            if self.fault is not None:
+                raise RunnerFault(self.fault)
+            try:
+                self.tp.broadcast_object(StepMessage(sched.swap_out, sched.swap_in, dataclasses.replace(
+                    x, sample_reqs=[], num_outputs=[], placeholders=[], drafts=[])))
+                self._swap(sched.swap_out, sched.swap_in)
+                logits = self._forward(x, self._input_ids(x))
+            except Exception as e:
+                why = self.workers.wait_for_fault(1.0) if self.workers is not None else None
+                raise RunnerFault(f"a tensor-parallel step failed ({why or f'{type(e).__name__}: {e}'}); the "
+                                  f"ranks are out of step, the engine stops") from e
+        handle = _InFlight(x.sample_reqs, None, None)
+        if x.sample_reqs and self.is_driver:
+            self._queue_sample(handle, logits, x)
+        self._in_flight.append(handle)
+        return handle
+
+    def _forward(self, x: StepInputs, input_ids: torch.Tensor) -> torch.Tensor | None:
+        """The step's forward on this rank; the logits of its sampled rows (rank 0's whole, others' shards)."""
+        if self.tp is not None:
+            self.tp.broadcast(input_ids)  # rank 0's, with the pending ids filled in from its steps in flight
         graphs = self.cuda_graphs
         if graphs is not None and x.num_decodes == len(x.q_lens) and graphs.fits(len(x.q_lens)):
             logits = graphs.replay(input_ids, x.positions, x.slot_mapping, x.seq_lens, x.block_tables)
-            if len(x.sample_reqs) != len(x.q_lens):
+            if len(x.logits_indices) != len(x.q_lens):
                 logits = logits[self._to_device(x.logits_indices)]
         else:
             pw = self.piecewise_graphs
@@ -256,27 +315,41 @@ class ModelRunner:
             else:
                 hidden = self.model(input_ids, self._to_device(x.positions), self.kv_caches, self._metadata(x),
                                     self.backend)
-            logits = self.model.compute_logits(hidden[self._to_device(x.logits_indices)]) if x.sample_reqs else None
-        handle = _InFlight(x.sample_reqs, None, None)
-        if x.sample_reqs:
-            sample, num_accepted = self._sample(logits, x)
-            for row, seq in enumerate(x.sample_reqs):
-                self._sampled_on_device[seq] = (sample.token_ids, row)
-            if self.device.type == "cuda":  # the copies and their event queue right behind this step's sampling
-                dev = sample.tensors() + ([num_accepted] if num_accepted is not None else [])
-                host = [torch.empty(t.shape, dtype=t.dtype, pin_memory=True) for t in dev]
-                for h, t in zip(host, dev, strict=True):
-                    h.copy_(t, non_blocking=True)
-                if num_accepted is not None:
-                    num_accepted = host.pop()
-                handle.sample = sample.with_tensors(host)
-                handle.event = torch.cuda.Event()
-                handle.event.record()
-            else:
-                handle.sample = sample
-            handle.num_accepted = num_accepted
-        self._in_flight.append(handle)
-        return handle
+            if not len(x.logits_indices):
+                return None
+            logits = self.model.compute_logits(hidden[self._to_device(x.logits_indices)])
+        return logits
+
+    def _queue_sample(self, handle: _InFlight, logits: torch.Tensor, x: StepInputs) -> None:
+        sample, num_accepted = self._sample(logits, x)
+        for row, seq in enumerate(x.sample_reqs):
+            self._sampled_on_device[seq] = (sample.token_ids, row)
+        if self.device.type == "cuda":  # the copies and their event queue right behind this step's sampling
+            dev = sample.tensors() + ([num_accepted] if num_accepted is not None else [])
+            host = [torch.empty(t.shape, dtype=t.dtype, pin_memory=True) for t in dev]
+            for h, t in zip(host, dev, strict=True):
+                h.copy_(t, non_blocking=True)
+            if num_accepted is not None:
+                num_accepted = host.pop()
+            handle.sample = sample.with_tensors(host)
+            handle.event = torch.cuda.Event()
+            handle.event.record()
+        else:
+            handle.sample = sample
+        handle.num_accepted = num_accepted
+
+    @torch.inference_mode()
+    def serve_steps(self) -> None:
+        """Ranks other than 0: run rank 0's steps on this shard until it sends None."""
+        self.serving = True
+        while (msg := self.tp.broadcast_object()) is not None:
+            self._swap(msg.swap_out, msg.swap_in)
+            self._forward(msg.inputs, self._to_device(msg.inputs.input_ids))
+
+    def shutdown(self) -> None:
+        """Rank 0: let the other ranks go (they leave serve_steps) and wait for their processes."""
+        if self.workers is not None:
+            self.workers.shutdown(self)
 
     def _sample(self, logits: torch.Tensor, x: StepInputs) -> tuple[DeviceSample, torch.Tensor | None]:
         """The step's sampling: plain rows by the sampler, then the speculating sequences' verification
@@ -356,7 +429,7 @@ class ModelRunner:
         """Eager steps pick the decode split count from the batch; compile every variant now, not mid-run."""
         from tachyon.kernels.decode_attention import decode_attention
 
-        m = self.config.model
+        m = self.model.cfg
         k_cache, v_cache = self.kv_caches[0]
         q = torch.randn(1, m.num_heads, m.head_dim, dtype=self.dtype, device=self.device)
         bt = torch.zeros(1, 4, dtype=torch.int32, device=self.device)

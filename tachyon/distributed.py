@@ -1,0 +1,168 @@
+"""Tensor parallelism's processes: start the other ranks, join their group, watch them, let them go.
+
+    --distributed-executor-backend mp (default)        --distributed-executor-backend external_launcher
+    ───────────────────────────────────────────        ───────────────────────────────────────────────
+    rank 0 (the engine's process) starts ranks          torchrun (or any launcher setting RANK, WORLD_SIZE,
+    1..N-1 as `python -m tachyon.distributed`, their    MASTER_ADDR, MASTER_PORT, LOCAL_RANK) starts every
+    arguments pickled on stdin; rendezvous over         rank with the same command; rank 0 becomes the engine,
+    tcp://127.0.0.1                                     the others serve its steps and exit when it stops
+
+Each rank builds its runner over its shard (tachyon.build.build_runner), then the others loop in
+`ModelRunner.serve_steps` until rank 0 sends None. The activations travel over NCCL on GPUs and gloo on the CPU;
+the per-step messages over a gloo group whose timeout is a year (a server may sit idle for long).
+
+No orphans: a spawned rank reads its stdin to the end in a thread and exits when it closes, which happens when
+rank 0's process ends however it ends (a SIGKILL included); it ignores Ctrl-C (the terminal sends it to every
+process of the group: rank 0 decides). Rank 0 watches its ranks' processes: one that exits while serving sets
+`Workers.fault`, which the engine reads between steps and on the next submit (tachyon.interface.RunnerFault):
+the engine stops, and `tachyon serve` answers /health with 503 and fails every open request with the cause.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import os
+import pickle
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+from tachyon.layers.parallel import TensorParallel
+
+logger = logging.getLogger("tachyon")
+
+MESSAGE_TIMEOUT = timedelta(days=365)  # the step messages' group: an idle server waits this long for the next
+START_TIMEOUT = timedelta(minutes=10)  # the activations' group: start-up (loading) may differ this much by rank
+
+
+class Workers:
+    """Rank 0's handle on the processes of ranks 1..N-1 it started: their exit is a fault; `shutdown` ends them."""
+
+    def __init__(self, procs: list[subprocess.Popen]):
+        self.procs = procs
+        self.fault: str | None = None
+        self._stopping = False
+        threading.Thread(target=self._watch, daemon=True, name="tachyon-tp-watchdog").start()
+        atexit.register(self._close)
+
+    @classmethod
+    def spawn(cls, args, size: int, init_method: str) -> Workers:
+        procs = []
+        for rank in range(1, size):
+            p = subprocess.Popen([sys.executable, "-m", "tachyon.distributed"], stdin=subprocess.PIPE)
+            p.stdin.write(pickle.dumps((args, rank, size, init_method)))
+            p.stdin.flush()  # and kept open: its end is rank `rank`'s sign that this process is gone
+            procs.append(p)
+        return cls(procs)
+
+    @property
+    def pids(self) -> list[int]:
+        return [p.pid for p in self.procs]
+
+    def _watch(self) -> None:
+        while not self._stopping:
+            for rank, p in enumerate(self.procs, start=1):
+                code = p.poll()
+                if code is not None and not self._stopping:
+                    self.fault = (f"tensor-parallel worker rank {rank} (pid {p.pid}) exited with code {code}"
+                                  + (f" (signal {signal.Signals(-code).name})" if code < 0 else ""))
+                    logger.error("%s: the engine stops", self.fault)
+                    return
+            time.sleep(0.1)
+
+    def wait_for_fault(self, timeout: float) -> str | None:
+        """The fault, waiting up to `timeout` for the watchdog to see a worker's exit (a collective failed)."""
+        deadline = time.monotonic() + timeout
+        while self.fault is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        return self.fault
+
+    def shutdown(self, runner) -> None:
+        """Send the ranks None (they leave their loops and exit), wait for them; kill what is still there."""
+        if self._stopping:
+            return
+        self._stopping = True
+        if self.fault is None:
+            try:
+                runner.tp.broadcast_object(None)
+            except Exception as e:  # a rank already gone: closing stdin below ends the rest
+                logger.warning("telling the tensor-parallel workers to stop failed: %s", e)
+        self._close(timeout=10.0)
+
+    def _close(self, timeout: float = 5.0) -> None:
+        self._stopping = True
+        for p in self.procs:
+            if p.stdin is not None and not p.stdin.closed:
+                try:
+                    p.stdin.close()
+                except OSError:
+                    pass
+        deadline = time.monotonic() + timeout
+        for p in self.procs:
+            try:
+                p.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait(timeout=5)
+
+
+def join_group(args, rank: int = 0, init_method: str | None = None) -> tuple[TensorParallel, Workers | None]:
+    """This process's place in the tensor-parallel group of args.tensor_parallel_size ranks. Rank 0 under `mp`
+    starts the others first (and gets their Workers); `external_launcher` reads the launcher's rendezvous."""
+    size = args.tensor_parallel_size
+    device = args.resolve_device()
+    backend = "nccl" if device.type == "cuda" else "gloo"
+    workers = None
+    if args.distributed_executor_backend == "external_launcher":
+        dist.init_process_group(backend, init_method="env://", timeout=START_TIMEOUT)
+        if dist.get_world_size() != size:
+            raise ValueError(f"the launcher started {dist.get_world_size()} ranks, tensor_parallel_size is {size}: "
+                             f"make them equal (torchrun --nproc-per-node x --nnodes)")
+        rank = dist.get_rank()
+        local_rank = int(os.environ.get("LOCAL_RANK", rank))
+    else:
+        if init_method is None:  # rank 0: start the others, then meet them
+            init_method = f"tcp://127.0.0.1:{_free_port()}"
+            workers = Workers.spawn(args, size, init_method)
+        dist.init_process_group(backend, init_method=init_method, rank=rank, world_size=size, timeout=START_TIMEOUT)
+        local_rank = rank
+    if device.type == "cuda":
+        torch.cuda.set_device(local_rank)
+    cpu_group = dist.new_group(backend="gloo", timeout=MESSAGE_TIMEOUT)
+    return TensorParallel(rank, size, group=dist.group.WORLD, cpu_group=cpu_group, local_rank=local_rank), workers
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _exit_when_parent_gone() -> None:
+    try:
+        sys.stdin.buffer.read()  # returns when rank 0 closes its end, or its process ends
+    finally:
+        os._exit(0)
+
+
+def worker_main() -> None:
+    """A spawned rank: join the group, build this shard's runner, serve rank 0's steps until it says stop."""
+    args, rank, size, init_method = pickle.load(sys.stdin.buffer)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    threading.Thread(target=_exit_when_parent_gone, daemon=True).start()
+    logging.basicConfig(level=logging.WARNING, format=f"%(asctime)s tp-rank{rank} %(levelname)s %(message)s")
+    from tachyon.build import build_runner
+
+    build_runner(args, join_group(args, rank, init_method))  # returns only on rank 0
+
+
+if __name__ == "__main__":
+    worker_main()
