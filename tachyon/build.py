@@ -116,7 +116,7 @@ def build_core(args: EngineArgs):
                                load_tokenizer=lambda: front_end_tokenizer(args))
     core = EngineCore(config, runner, num_blocks, num_cpu_blocks, build_proposer(args, config, num_blocks), grammars)
     info = {"config": config, "num_kv_blocks": core.kv.num_blocks, "startup_time_s": time.perf_counter() - t0,
-            "timings": dict(runner.timings)}
+            "timings": dict(runner.timings), "worker_pids": runner.workers.pids if runner.workers else []}
     logger.info("engine core ready in %.1fs: %d KV blocks of %d tokens", info["startup_time_s"], num_blocks,
                 args.block_size)
     return core, info

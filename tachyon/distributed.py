@@ -85,17 +85,19 @@ class Workers:
             time.sleep(0.05)
         return self.fault
 
-    def shutdown(self, runner) -> None:
+    def shutdown(self, runner=None) -> None:
         """Send the ranks None (they leave their loops and exit), wait for them; kill what is still there."""
         if self._stopping:
             return
         self._stopping = True
-        if self.fault is None:
+        if self.fault is None and runner is not None:
             try:
                 runner.tp.broadcast_object(None)
             except Exception as e:  # a rank already gone: closing stdin below ends the rest
                 logger.warning("telling the tensor-parallel workers to stop failed: %s", e)
         self._close(timeout=10.0)
+        if dist.is_initialized():  # so this process may build another tensor-parallel engine
+            dist.destroy_process_group()
 
     def _close(self, timeout: float = 5.0) -> None:
         self._stopping = True
@@ -132,10 +134,18 @@ def join_group(args, rank: int = 0, init_method: str | None = None) -> tuple[Ten
         if init_method is None:  # rank 0: start the others, then meet them
             init_method = f"tcp://127.0.0.1:{_free_port()}"
             workers = Workers.spawn(args, size, init_method)
-        dist.init_process_group(backend, init_method=init_method, rank=rank, world_size=size, timeout=START_TIMEOUT)
+        try:
+            dist.init_process_group(backend, init_method=init_method, rank=rank, world_size=size,
+                                    timeout=START_TIMEOUT)
+        except BaseException:
+            if workers is not None:
+                workers.shutdown(None)
+            raise
         local_rank = rank
     if device.type == "cuda":
         torch.cuda.set_device(local_rank)
+    else:  # the ranks share this host's cores: more threads than cores make every collective wait for a core
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // size))
     cpu_group = dist.new_group(backend="gloo", timeout=MESSAGE_TIMEOUT)
     return TensorParallel(rank, size, group=dist.group.WORLD, cpu_group=cpu_group, local_rank=local_rank), workers
 

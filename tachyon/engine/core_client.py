@@ -105,6 +105,7 @@ class MPEngineClient:
         self.processor = OutputProcessor(tokenizer)
         self.grammars: GrammarCompiler | None = None  # made once the core's config is known
         self.error: str | None = None
+        self._unread: tuple | None = None  # a message check_alive read from a dead core, for step
         deadline = time.monotonic() + startup_timeout
         while not self._conn.poll(0.5):
             if not self.process.is_alive():
@@ -180,9 +181,12 @@ class MPEngineClient:
         core is gone (after handing out one last error output for every open request: see fail_open)."""
         self.check_alive()
         try:
-            if not self._conn.poll(timeout):
+            if self._unread is not None:
+                msg, self._unread = self._unread, None
+            elif not self._conn.poll(timeout):
                 return []
-            msg = self._conn.recv()
+            else:
+                msg = self._conn.recv()
         except (EOFError, OSError) as e:
             self._dead(f"the engine core process exited (exit code {self._exitcode()}): {e or 'pipe closed'}")
             raise EngineCoreDeadError(self.error) from None
@@ -204,8 +208,18 @@ class MPEngineClient:
     def check_alive(self) -> None:
         if self.error is not None:
             raise EngineCoreDeadError(self.error)
-        if not self.process.is_alive() and not self._conn.poll(0):
+        if self.process.is_alive():
+            return
+        if self._unread is None and self._conn.poll(0):  # its last words (read here too while no request runs)
+            try:
+                self._unread = self._conn.recv()
+            except (EOFError, OSError):
+                pass
+        if self._unread is None:
             self._dead(f"the engine core process exited (exit code {self._exitcode()})")
+            raise EngineCoreDeadError(self.error)
+        if self._unread[0] == "dead":
+            self._dead(f"the engine core stopped: {self._unread[1]}")
             raise EngineCoreDeadError(self.error)
 
     def fail_open(self) -> list[RequestOutput]:

@@ -76,7 +76,9 @@ class LLMEngine:
         return finished
 
     def check_alive(self) -> None:
-        """In one process the engine is alive as long as its caller (tachyon.engine.core_client differs)."""
+        """In one process the engine is alive as long as its caller and its runner: RunnerFault once a
+        tensor-parallel worker is gone (tachyon.engine.core_client differs)."""
+        self.core.check_runner()
 
     def shutdown(self) -> None:
         """Let the runner's tensor-parallel workers go (nothing else to stop in one process)."""

@@ -1,0 +1,161 @@
+"""Tensor parallelism on the CPU (gloo, two ranks): greedy tokens equal to one rank's on the embedded model
+(9 query heads, 3 KV heads: KV groups split 1 + 2) and on tiny checkpoints (KV heads fewer than the ranks:
+replicated; an int8 model quantized while it loads; an AutoAWQ int4 checkpoint); the bytes all-reduced per
+step as the arithmetic says; the worker processes gone after shutdown; a killed worker stops the engine
+(/health 503, the request fails with the cause) and leaves no process behind (three ranks: the third goes too)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+
+import httpx
+import pytest
+import torch
+
+from tachyon import LLM, SamplingParams
+from tests.integration.conftest import API_KEY, serve_in_thread
+
+GREEDY = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
+PROMPTS = [{"prompt_token_ids": list(range(5 + i, 21 + 5 * i))} for i in range(3)]
+
+
+def _gone(pid: int, timeout: float = 10.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        try:  # our own child: reap it, or it stays a zombie that kill(pid, 0) still finds
+            if os.waitpid(pid, os.WNOHANG)[0] == pid:
+                return True
+        except ChildProcessError:
+            pass
+        time.sleep(0.05)
+    return False
+
+
+def _tiny(path, heads: int, kv_heads: int, quant: str | None = None) -> str:
+    """A tiny random Qwen2 (qkv bias, tied embeddings) as safetensors, written without transformers (its import
+    alone costs seconds); quant "awq": AutoAWQ int4 tensors in groups of 32 in place of the dense projections."""
+    from safetensors.torch import save_file
+
+    from tachyon.quantize.awq import pack_awq
+
+    H, I, D, L, V, G = 128, 256, 32, 2, 515, 32
+    gen = torch.Generator().manual_seed(0)
+
+    def rand(*shape, scale=0.2):
+        return torch.randn(*shape, generator=gen) * scale
+
+    tensors = {"model.embed_tokens.weight": rand(V, H), "model.norm.weight": 1 + rand(H, scale=0.1)}
+    for i in range(L):
+        p = f"model.layers.{i}."
+        shapes = {"self_attn.q_proj": (heads * D, H), "self_attn.k_proj": (kv_heads * D, H),
+                  "self_attn.v_proj": (kv_heads * D, H), "self_attn.o_proj": (H, heads * D),
+                  "mlp.gate_proj": (I, H), "mlp.up_proj": (I, H), "mlp.down_proj": (H, I)}
+        for name, (n, k) in shapes.items():
+            if quant == "awq":
+                tensors.update(pack_awq(p + name, torch.randint(0, 16, (n, k), generator=gen),
+                                        torch.randint(6, 10, (n, k // G), generator=gen),
+                                        torch.rand(n, k // G, generator=gen) * 0.02))
+            else:
+                tensors[p + name + ".weight"] = rand(n, k, scale=k ** -0.5)
+        for name in ("q", "k", "v"):
+            tensors[p + f"self_attn.{name}_proj.bias"] = rand(tensors_rows(shapes, name))
+        tensors[p + "input_layernorm.weight"] = 1 + rand(H, scale=0.1)
+        tensors[p + "post_attention_layernorm.weight"] = 1 + rand(H, scale=0.1)
+    save_file(tensors, os.path.join(path, "model.safetensors"))
+    cfg = {"architectures": ["Qwen2ForCausalLM"], "vocab_size": V, "hidden_size": H, "intermediate_size": I,
+           "num_hidden_layers": L, "num_attention_heads": heads, "num_key_value_heads": kv_heads, "head_dim": D,
+           "max_position_embeddings": 512, "rms_norm_eps": 1e-6, "tie_word_embeddings": True, "eos_token_id": 2,
+           "bos_token_id": 1}
+    if quant == "awq":
+        cfg["quantization_config"] = {"quant_method": "awq", "bits": 4, "group_size": G, "zero_point": True,
+                                      "version": "gemm"}
+    with open(os.path.join(path, "config.json"), "w") as f:
+        json.dump(cfg, f)
+    return str(path)
+
+
+def tensors_rows(shapes: dict, name: str) -> int:
+    return shapes[f"self_attn.{name}_proj"][0]
+
+
+def _tokens(llm: LLM, prompts=PROMPTS, params=GREEDY) -> list[list[int]]:
+    return [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
+
+
+def test_embedded_model_two_ranks_match_one(llm):
+    """SmolLM2-135M: 9 query heads over 3 KV heads; rank 0 holds KV head 0 (q 0-2), rank 1 KV 1-2 (q 3-8)."""
+    prompts = ["The capital of France is", "def fibonacci(n):"]
+    params = SamplingParams(temperature=0, max_tokens=6)
+    want = _tokens(llm, prompts, params)
+    tp = LLM(tensor_parallel_size=2, swap_space=0, kv_cache_memory_gib=0.1)
+    try:
+        model = tp.engine.runner.model
+        assert (model.cfg.num_heads, model.cfg.num_kv_heads) == (3, 1)  # rank 0's share
+        assert _tokens(tp, prompts, params) == want
+        assert tp.engine.kv.num_free_blocks == tp.engine.kv.num_blocks
+    finally:
+        pids = tp.engine.runner.workers.pids
+        tp.engine.shutdown()
+    assert all(_gone(p) for p in pids), "a worker process outlived shutdown"
+
+
+@pytest.mark.parametrize("heads,kv_heads,quant", [(6, 3, "int8"), (4, 1, "awq")],
+                         ids=["kv-3-on-2-ranks-int8", "kv-replicated-awq"])
+def test_tiny_two_ranks_match_one(tmp_path, heads, kv_heads, quant):
+    path = _tiny(tmp_path, heads, kv_heads, quant)
+    kw = dict(model=path, swap_space=0, num_kv_blocks=64, block_size=8, max_num_batched_tokens=32,
+              quantization=quant)
+    want = _tokens(LLM(**kw))
+    llm = LLM(tensor_parallel_size=2, **kw)
+    try:
+        runner = llm.engine.runner
+        cfg, tp = runner.model.cfg, runner.tp
+        if quant is not None:
+            assert type(runner.model.layers[0].self_attn.o_proj).__name__ == {"int8": "Int8Linear",
+                                                                             "awq": "AWQLinear"}[quant]
+        tp.bytes_all_reduced = 0
+        assert _tokens(llm) == want
+        # every forward token crosses 2 all-reduces per layer and 1 for the embedding, [hidden] fp32 each
+        forwarded = sum(len(p["prompt_token_ids"]) + GREEDY.max_tokens - 1 for p in PROMPTS)
+        assert tp.bytes_all_reduced == forwarded * (2 * cfg.num_layers + 1) * cfg.hidden_size * 4
+    finally:
+        pids = llm.engine.runner.workers.pids
+        llm.engine.shutdown()
+    assert all(_gone(p) for p in pids)
+
+
+def test_a_killed_worker_stops_the_server_with_503_and_no_orphans(tmp_path):
+    pytest.importorskip("fastapi")
+    from tachyon.build import build_engine_client
+    from tachyon.engine.async_engine import AsyncEngine
+    from tachyon.engine_args import EngineArgs
+    from tachyon.server.app import create_app
+
+    # three ranks (one KV group each): when rank 1 dies, rank 2 must go too
+    client = build_engine_client(EngineArgs(model=_tiny(tmp_path, 6, 3), tensor_parallel_size=3, swap_space=0,
+                                            num_kv_blocks=64))
+    worker, other = client.info["worker_pids"]
+    app = create_app(AsyncEngine(client), "tiny", api_key=API_KEY)
+    headers = {"Authorization": f"Bearer {API_KEY}"}
+    body = {"model": "tiny", "prompt": [5, 6, 7], "max_tokens": 4, "temperature": 0}
+    try:
+        with serve_in_thread(app) as url:
+            assert httpx.post(f"{url}/v1/completions", headers=headers, json=body, timeout=30).status_code == 200
+            os.kill(worker, signal.SIGKILL)
+            deadline = time.monotonic() + 15
+            while (health := httpx.get(f"{url}/health")).status_code != 503:
+                assert time.monotonic() < deadline, "/health still says ok after a worker died"
+                time.sleep(0.1)
+            assert "tensor-parallel worker rank 1" in health.json()["error"]["message"]
+            r = httpx.post(f"{url}/v1/completions", headers=headers, json=body, timeout=30)
+            assert r.status_code == 503 and "engine" in r.json()["error"]["message"]
+        assert _gone(client.process.pid) and _gone(worker) and _gone(other), "a process outlived the engine"
+    finally:
+        client.shutdown(timeout=5)
