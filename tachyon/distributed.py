@@ -3,7 +3,7 @@
     --distributed-executor-backend mp (default)        --distributed-executor-backend external_launcher
     ───────────────────────────────────────────        ───────────────────────────────────────────────
     rank 0 (the engine's process) starts ranks          torchrun (or any launcher setting RANK, WORLD_SIZE,
-    1..N-1 as `python -m tachyon.distributed`, their    MASTER_ADDR, MASTER_PORT, LOCAL_RANK) starts every
+    1..N-1 as `python -m tachyon.tp_worker`, their    MASTER_ADDR, MASTER_PORT, LOCAL_RANK) starts every
     arguments pickled on stdin; rendezvous over         rank with the same command; rank 0 becomes the engine,
     tcp://127.0.0.1                                     the others serve its steps and exit when it stops
 
@@ -57,7 +57,7 @@ class Workers:
     def spawn(cls, args, size: int, init_method: str) -> Workers:
         procs = []
         for rank in range(1, size):
-            p = subprocess.Popen([sys.executable, "-m", "tachyon.distributed"], stdin=subprocess.PIPE)
+            p = subprocess.Popen([sys.executable, "-m", "tachyon.tp_worker"], stdin=subprocess.PIPE)
             p.stdin.write(pickle.dumps((args, rank, size, init_method)))
             p.stdin.flush()  # and kept open: its end is rank `rank`'s sign that this process is gone
             procs.append(p)
@@ -150,29 +150,14 @@ def join_group(args, rank: int = 0, init_method: str | None = None) -> tuple[Ten
     return TensorParallel(rank, size, group=dist.group.WORLD, cpu_group=cpu_group, local_rank=local_rank), workers
 
 
+def launcher_rank(args) -> int:
+    """This process's rank as an external launcher (torchrun) set it; 0 without one."""
+    if args.tensor_parallel_size == 1 or args.distributed_executor_backend != "external_launcher":
+        return 0
+    return int(os.environ.get("RANK", "0"))
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-def _exit_when_parent_gone() -> None:
-    try:
-        sys.stdin.buffer.read()  # returns when rank 0 closes its end, or its process ends
-    finally:
-        os._exit(0)
-
-
-def worker_main() -> None:
-    """A spawned rank: join the group, build this shard's runner, serve rank 0's steps until it says stop."""
-    args, rank, size, init_method = pickle.load(sys.stdin.buffer)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    threading.Thread(target=_exit_when_parent_gone, daemon=True).start()
-    logging.basicConfig(level=logging.WARNING, format=f"%(asctime)s tp-rank{rank} %(levelname)s %(message)s")
-    from tachyon.build import build_runner
-
-    build_runner(args, join_group(args, rank, init_method))  # returns only on rank 0
-
-
-if __name__ == "__main__":
-    worker_main()

@@ -145,13 +145,13 @@ def weight_breakdown(cfg: ModelConfig, dtype: torch.dtype, quantization: str = "
 
 
 def kv_heads_per_gpu(cfg: ModelConfig, tp: int) -> int:
-    if cfg.num_heads % tp:
-        raise ValueError(f"--tp {tp} does not divide the {cfg.num_heads} attention heads")
-    if cfg.num_kv_heads % tp == 0:
-        return cfg.num_kv_heads // tp
-    if tp % cfg.num_kv_heads == 0:
-        return 1  # more GPUs than KV heads: each KV head is replicated on tp / kv_heads GPUs
-    raise ValueError(f"--tp {tp} neither divides nor is a multiple of the {cfg.num_kv_heads} KV heads")
+    """The most KV heads a GPU holds under the engine's own split (tachyon.models.sharding: whole KV groups per
+    rank, or each KV head replicated when tp exceeds them); every rank's pool has the same block count, so the
+    fullest rank sizes it. A ValueError naming the sizes that work when tp fits no split."""
+    from tachyon.models.sharding import plan_shards
+
+    spans = [plan_shards(cfg, r, tp).kv_heads for r in range(tp)]
+    return max(b - a for a, b in spans)
 
 
 def activation_reserve_bytes(cfg: ModelConfig, dtype: torch.dtype, tp: int, max_num_batched_tokens: int,

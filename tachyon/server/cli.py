@@ -129,7 +129,8 @@ def load_chat_template(value: str | None) -> str | None:
 
 def build_app(args: argparse.Namespace):
     """The engine (from the engine flags) and the app around it."""
-    from tachyon.build import build_engine, build_engine_client, default_sampling_values
+    from tachyon.build import build_engine, build_engine_client, build_runner, default_sampling_values
+    from tachyon.distributed import launcher_rank
     from tachyon.engine.async_engine import AsyncEngine
     from tachyon.engine_args import EngineArgs
     from tachyon.server.app import create_app
@@ -137,6 +138,8 @@ def build_app(args: argparse.Namespace):
 
     resolve_serve_model(args)
     engine_args = EngineArgs.from_cli_args(args)
+    if launcher_rank(engine_args) > 0:  # torchrun's other ranks: no server, they serve rank 0's steps and exit
+        build_runner(engine_args)
     chat_template = load_chat_template(args.chat_template)
     defaults = default_sampling_values(engine_args)
     if defaults:

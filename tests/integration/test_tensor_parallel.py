@@ -45,7 +45,7 @@ def _tiny(path, heads: int, kv_heads: int, quant: str | None = None) -> str:
 
     from tachyon.quantize.awq import pack_awq
 
-    H, I, D, L, V, G = 128, 256, 32, 2, 515, 32
+    H, INTER, D, L, V, G = 128, 256, 32, 2, 515, 32
     gen = torch.Generator().manual_seed(0)
 
     def rand(*shape, scale=0.2):
@@ -56,7 +56,7 @@ def _tiny(path, heads: int, kv_heads: int, quant: str | None = None) -> str:
         p = f"model.layers.{i}."
         shapes = {"self_attn.q_proj": (heads * D, H), "self_attn.k_proj": (kv_heads * D, H),
                   "self_attn.v_proj": (kv_heads * D, H), "self_attn.o_proj": (H, heads * D),
-                  "mlp.gate_proj": (I, H), "mlp.up_proj": (I, H), "mlp.down_proj": (H, I)}
+                  "mlp.gate_proj": (INTER, H), "mlp.up_proj": (INTER, H), "mlp.down_proj": (H, INTER)}
         for name, (n, k) in shapes.items():
             if quant == "awq":
                 tensors.update(pack_awq(p + name, torch.randint(0, 16, (n, k), generator=gen),
@@ -65,11 +65,11 @@ def _tiny(path, heads: int, kv_heads: int, quant: str | None = None) -> str:
             else:
                 tensors[p + name + ".weight"] = rand(n, k, scale=k ** -0.5)
         for name in ("q", "k", "v"):
-            tensors[p + f"self_attn.{name}_proj.bias"] = rand(tensors_rows(shapes, name))
+            tensors[p + f"self_attn.{name}_proj.bias"] = rand(shapes[f"self_attn.{name}_proj"][0])
         tensors[p + "input_layernorm.weight"] = 1 + rand(H, scale=0.1)
         tensors[p + "post_attention_layernorm.weight"] = 1 + rand(H, scale=0.1)
     save_file(tensors, os.path.join(path, "model.safetensors"))
-    cfg = {"architectures": ["Qwen2ForCausalLM"], "vocab_size": V, "hidden_size": H, "intermediate_size": I,
+    cfg = {"architectures": ["Qwen2ForCausalLM"], "vocab_size": V, "hidden_size": H, "intermediate_size": INTER,
            "num_hidden_layers": L, "num_attention_heads": heads, "num_key_value_heads": kv_heads, "head_dim": D,
            "max_position_embeddings": 512, "rms_norm_eps": 1e-6, "tie_word_embeddings": True, "eos_token_id": 2,
            "bos_token_id": 1}
@@ -79,10 +79,6 @@ def _tiny(path, heads: int, kv_heads: int, quant: str | None = None) -> str:
     with open(os.path.join(path, "config.json"), "w") as f:
         json.dump(cfg, f)
     return str(path)
-
-
-def tensors_rows(shapes: dict, name: str) -> int:
-    return shapes[f"self_attn.{name}_proj"][0]
 
 
 def _tokens(llm: LLM, prompts=PROMPTS, params=GREEDY) -> list[list[int]]:
