@@ -122,12 +122,23 @@ def markdown(doc: dict) -> str:
     for r in doc["results"]:
         lines.append(f"| {r['config']} | {r['threads_per_rank']} | {r['batch']} | {r['decode_tok_s']} | "
                      f"{r['step_ms']} | {r['all_runs_tok_s']} | {r['greedy_equal_to_tp1']} | {r['loadavg']} |")
+    rows = {(r["config"], r["batch"]): r for r in doc["results"]}
+    for batch in sorted({r["batch"] for r in doc["results"]}):
+        one, two = rows.get(("tp1_1_thread", batch)), rows.get(("tp2", batch))
+        if one and two:
+            extra = two["step_ms"] - one["step_ms"]
+            lines += ["", f"Batch {batch}: TP=2 takes {extra:+.1f} ms per step against TP=1 on one thread "
+                          f"({extra / two['comm']['all_reduces_per_step']:+.2f} ms per all-reduce if all of it "
+                          f"were the collectives): on 2 shared cores the halved matmuls do not pay for "
+                          f"{two['comm']['all_reduces_per_step']} loopback gloo round trips per step. TP=1 with "
+                          f"both cores' threads is slower still here: with the load average above the core count its "
+                          f"OpenMP threads wait for each other."]
     comm = next((r["comm"] for r in doc["results"] if "comm" in r), None)
     if comm:
         lines += ["", "Communication per step (TP=2, fp32 activations, hidden 576, 30 layers):", "",
                   f"- all-reduced per layer per token: {comm['bytes_all_reduced_per_layer_per_token']} bytes "
                   f"(o_proj + down_proj outputs, 2 x 576 x 4); plus the embedding's 2,304 bytes per token per step",
-                  f"- all-reduces per step: {comm['all_reduces_per_step']}; counted in the last TP=2 run: "
+                  f"- all-reduces per step: {comm['all_reduces_per_step']}; counted in the first TP=2 row's run: "
                   f"{comm['all_reduce_calls_counted']} calls (expected {comm['all_reduce_calls_expected']}), "
                   f"{comm['bytes_all_reduced_counted']} bytes (expected {comm['bytes_all_reduced_expected']}: "
                   f"match = {comm['counter_matches']})",

@@ -43,14 +43,19 @@ def build_runner(args: EngineArgs, group: tuple | None = None) -> tuple[EngineCo
     here and exit when it stops."""
     path = model_path(args)
     tp = workers = None
-    device = args.resolve_device()
+    config = args.create_engine_config(load_config(path), args.resolve_device())
     if args.tensor_parallel_size > 1:
         from tachyon.distributed import join_group
+        from tachyon.models.sharding import plan_shards
 
+        for rank in range(args.tensor_parallel_size):  # a size the model cannot split fails before any process starts
+            plan_shards(config.model, rank, args.tensor_parallel_size)
+        if args.speculative_config is not None and config.speculative.method == "draft_model":
+            raise ValueError("a draft model with tensor_parallel_size > 1 is not supported: use the ngram method, "
+                             "or tensor_parallel_size=1")
         tp, workers = group if group is not None else join_group(args)
-        if device.type == "cuda":
-            device = torch.device("cuda", tp.local_rank)
-    config = args.create_engine_config(load_config(path), device)
+        if config.device.type == "cuda":
+            config = dataclasses.replace(config, device=torch.device("cuda", tp.local_rank))
     bare_config = path.endswith(".json")  # a bare config.json: random weights
     runner = ModelRunner(config, None if args.load_format == "dummy" and bare_config else path, args.load_format, tp)
     blocks = prepare_runner(config, runner)
@@ -71,9 +76,6 @@ def build_proposer(args: EngineArgs, config: EngineConfig, num_blocks: int) -> P
         return None
     if spec.method == "ngram":
         return NgramProposer(spec.prompt_lookup_min, spec.prompt_lookup_max)
-    if args.tensor_parallel_size > 1:
-        raise ValueError("a draft model with tensor_parallel_size > 1 is not supported: use the ngram method, or "
-                         "tensor_parallel_size=1")
     from tachyon.worker.draft_proposer import DraftProposer
 
     draft_args = dataclasses.replace(args, model=spec.model, speculative_config=None, num_kv_blocks=num_blocks,
