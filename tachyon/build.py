@@ -6,6 +6,7 @@ put together. Order: configs, tokenizer, model runner (weights), KV pool sized, 
 
 from __future__ import annotations
 
+import atexit
 import dataclasses
 import logging
 import time
@@ -60,11 +61,16 @@ def build_runner(args: EngineArgs, group: tuple | None = None) -> tuple[EngineCo
     runner = ModelRunner(config, None if args.load_format == "dummy" and bare_config else path, args.load_format, tp)
     blocks = prepare_runner(config, runner)
     if tp is not None and not tp.is_driver:
-        runner.serve_steps()
-        torch.distributed.destroy_process_group()
+        try:
+            runner.serve_steps()
+        except Exception as e:  # rank 0 is gone without saying stop
+            logger.error("tensor-parallel rank %d: rank 0 is gone (%s); exiting", tp.rank, e)
+            raise SystemExit(1) from None
+        tp.destroy()
         raise SystemExit(0)
     if tp is not None:
         runner.workers, runner.serving = workers, True
+        atexit.register(runner.shutdown)  # the ranks leave with this process, also when nobody shut it down
     return (config, runner, *blocks)
 
 

@@ -44,14 +44,14 @@ START_TIMEOUT = timedelta(minutes=10)  # the activations' group: start-up (loadi
 
 
 class Workers:
-    """Rank 0's handle on the processes of ranks 1..N-1 it started: their exit is a fault; `shutdown` ends them."""
+    """Rank 0's handle on the processes of ranks 1..N-1 it started: their exit is a fault; `close` ends them."""
 
     def __init__(self, procs: list[subprocess.Popen]):
         self.procs = procs
         self.fault: str | None = None
         self._stopping = False
         threading.Thread(target=self._watch, daemon=True, name="tachyon-tp-watchdog").start()
-        atexit.register(self._close)
+        atexit.register(self.close, timeout=5.0)
 
     @classmethod
     def spawn(cls, args, size: int, init_method: str) -> Workers:
@@ -85,21 +85,9 @@ class Workers:
             time.sleep(0.05)
         return self.fault
 
-    def shutdown(self, runner=None) -> None:
-        """Send the ranks None (they leave their loops and exit), wait for them; kill what is still there."""
-        if self._stopping:
-            return
-        self._stopping = True
-        if self.fault is None and runner is not None:
-            try:
-                runner.tp.broadcast_object(None)
-            except Exception as e:  # a rank already gone: closing stdin below ends the rest
-                logger.warning("telling the tensor-parallel workers to stop failed: %s", e)
-        self._close(timeout=10.0)
-        if dist.is_initialized():  # so this process may build another tensor-parallel engine
-            dist.destroy_process_group()
-
-    def _close(self, timeout: float = 5.0) -> None:
+    def close(self, timeout: float = 10.0) -> None:
+        """Close the ranks' stdin (a rank still running exits on it), wait for them; kill what is still there.
+        ModelRunner.shutdown sends them None first, so they exit on their own."""
         self._stopping = True
         for p in self.procs:
             if p.stdin is not None and not p.stdin.closed:
@@ -139,7 +127,7 @@ def join_group(args, rank: int = 0, init_method: str | None = None) -> tuple[Ten
                                     timeout=START_TIMEOUT)
         except BaseException:
             if workers is not None:
-                workers.shutdown(None)
+                workers.close()
             raise
         local_rank = rank
     if device.type == "cuda":

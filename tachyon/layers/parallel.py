@@ -68,6 +68,11 @@ class TensorParallel:
         dist.broadcast_object_list(box, src=0, group=self.cpu_group)
         return box[0]
 
+    def destroy(self) -> None:
+        """Leave the group (so this process may build another tensor-parallel engine)."""
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
     def min_over_ranks(self, value: int) -> int:
         """The smallest of the ranks' values (the KV pool's block count, which every rank must share)."""
         t = torch.tensor([value], dtype=torch.int64)

@@ -19,6 +19,7 @@ same code on every rank, so its collectives pair up without messages.
 
 from __future__ import annotations
 
+import atexit
 import dataclasses
 import logging
 import time
@@ -87,6 +88,7 @@ class ModelRunner:
         self.tp = tp
         self.is_driver = tp is None or tp.is_driver  # the rank that samples and answers the engine
         self.serving = False  # rank 0 of several: start-up is over, the other ranks wait for step messages
+        self._mid_step = False  # rank 0: a step's collectives began and did not all end
         self.workers = None  # rank 0: what watches the other ranks' processes (tachyon.distributed)
         self.device = config.device
         self.dtype = config.dtype
@@ -285,10 +287,12 @@ class ModelRunner:
             if self.fault is not None:
                 raise RunnerFault(self.fault)
             try:
+                self._mid_step = True
                 self.tp.broadcast_object(StepMessage(sched.swap_out, sched.swap_in, dataclasses.replace(
                     x, sample_reqs=[], num_outputs=[], placeholders=[], drafts=[])))
                 self._swap(sched.swap_out, sched.swap_in)
                 logits = self._forward(x, self._input_ids(x))
+                self._mid_step = False
             except Exception as e:
                 why = self.workers.wait_for_fault(1.0) if self.workers is not None else None
                 raise RunnerFault(f"a tensor-parallel step failed ({why or f'{type(e).__name__}: {e}'}); the "
@@ -347,9 +351,21 @@ class ModelRunner:
             self._forward(msg.inputs, self._to_device(msg.inputs.input_ids))
 
     def shutdown(self) -> None:
-        """Rank 0: let the other ranks go (they leave serve_steps) and wait for their processes."""
+        """Rank 0: let the other ranks go (they leave serve_steps), wait for the processes it started, leave the
+        group. Once; also at exit. After a step that broke off midway the ranks are out of step: no message then
+        (a spawned rank ends when this process does, a launched one when its collective fails)."""
+        if self.tp is None or not self.serving:
+            return
+        self.serving = False
+        atexit.unregister(self.shutdown)  # tachyon.build registered it (and with it, this runner)
+        if self.fault is None and not self._mid_step:
+            try:
+                self.tp.broadcast_object(None)
+            except Exception as e:  # a rank already gone
+                logger.warning("telling the tensor-parallel ranks to stop failed: %s", e)
         if self.workers is not None:
-            self.workers.shutdown(self)
+            self.workers.close()
+        self.tp.destroy()
 
     def _sample(self, logits: torch.Tensor, x: StepInputs) -> tuple[DeviceSample, torch.Tensor | None]:
         """The step's sampling: plain rows by the sampler, then the speculating sequences' verification
