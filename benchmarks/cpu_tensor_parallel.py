@@ -29,13 +29,14 @@ PROMPTS = ["The capital of France is", "def fibonacci(n):", "Once upon a time", 
            "Translate to French: good morning"]
 
 
-def decode_run(llm: LLM, batch: int, max_tokens: int) -> dict:
-    """Prefill `batch` prompts in one step, then time the decode steps; the outputs and the figures."""
+def decode_run(llm: LLM, prompts: list[list[int]], max_tokens: int) -> dict:
+    """Prefill the prompts in one step, then time the decode steps; the outputs and the figures (and under
+    tensor parallelism the bytes all-reduced, counted and computed)."""
     engine = llm.engine
     params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
-    tok = llm.get_tokenizer()
-    for i in range(batch):
-        engine.add_request(f"r{i}", None, tok.encode(PROMPTS[i % len(PROMPTS)]), params)
+    batch = len(prompts)
+    for i, ids in enumerate(prompts):
+        engine.add_request(f"r{i}", None, ids, params)
     tp = engine.runner.tp
     outs: dict[str, list[int]] = {}
     for o in engine.step():  # the prefill step (the 2048-token budget holds every prompt)
@@ -87,9 +88,11 @@ def main(argv: list[str] | None = None) -> int:
         if threads is not None:
             torch.set_num_threads(threads)
         llm = LLM(tensor_parallel_size=tp, swap_space=0, kv_cache_memory_gib=0.25)
-        decode_run(llm, 1, 4)  # warm-up
+        tok = llm.get_tokenizer()
+        decode_run(llm, [tok.encode(PROMPTS[0])], 4)  # warm-up
         for batch in args.batch:
-            runs = [decode_run(llm, batch, args.max_tokens) for _ in range(args.repeats)]
+            prompts = [tok.encode(PROMPTS[i % len(PROMPTS)]) for i in range(batch)]
+            runs = [decode_run(llm, prompts, args.max_tokens) for _ in range(args.repeats)]
             best = max(runs, key=lambda r: r["decode_tok_s"])
             row = {"config": name, "tensor_parallel_size": tp, "threads_per_rank": torch.get_num_threads(),
                    "batch": batch, **best, "all_runs_tok_s": [r["decode_tok_s"] for r in runs],

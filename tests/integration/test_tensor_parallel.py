@@ -6,17 +6,16 @@ step as the arithmetic says; the worker processes gone after shutdown; a killed 
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import time
 
 import httpx
 import pytest
-import torch
 
 from tachyon import LLM, SamplingParams
 from tests.integration.conftest import API_KEY, serve_in_thread
+from tests.tiny_checkpoint import write_tiny_qwen2 as _tiny
 
 GREEDY = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
 PROMPTS = [{"prompt_token_ids": list(range(5 + i, 21 + 5 * i))} for i in range(3)]
@@ -36,49 +35,6 @@ def _gone(pid: int, timeout: float = 10.0) -> bool:
             pass
         time.sleep(0.05)
     return False
-
-
-def _tiny(path, heads: int, kv_heads: int, quant: str | None = None) -> str:
-    """A tiny random Qwen2 (qkv bias, tied embeddings) as safetensors, written without transformers (its import
-    alone costs seconds); quant "awq": AutoAWQ int4 tensors in groups of 32 in place of the dense projections."""
-    from safetensors.torch import save_file
-
-    from tachyon.quantize.awq import pack_awq
-
-    H, INTER, D, L, V, G = 128, 256, 32, 2, 515, 32
-    gen = torch.Generator().manual_seed(0)
-
-    def rand(*shape, scale=0.2):
-        return torch.randn(*shape, generator=gen) * scale
-
-    tensors = {"model.embed_tokens.weight": rand(V, H), "model.norm.weight": 1 + rand(H, scale=0.1)}
-    for i in range(L):
-        p = f"model.layers.{i}."
-        shapes = {"self_attn.q_proj": (heads * D, H), "self_attn.k_proj": (kv_heads * D, H),
-                  "self_attn.v_proj": (kv_heads * D, H), "self_attn.o_proj": (H, heads * D),
-                  "mlp.gate_proj": (INTER, H), "mlp.up_proj": (INTER, H), "mlp.down_proj": (H, INTER)}
-        for name, (n, k) in shapes.items():
-            if quant == "awq":
-                tensors.update(pack_awq(p + name, torch.randint(0, 16, (n, k), generator=gen),
-                                        torch.randint(6, 10, (n, k // G), generator=gen),
-                                        torch.rand(n, k // G, generator=gen) * 0.02))
-            else:
-                tensors[p + name + ".weight"] = rand(n, k, scale=k ** -0.5)
-        for name in ("q", "k", "v"):
-            tensors[p + f"self_attn.{name}_proj.bias"] = rand(shapes[f"self_attn.{name}_proj"][0])
-        tensors[p + "input_layernorm.weight"] = 1 + rand(H, scale=0.1)
-        tensors[p + "post_attention_layernorm.weight"] = 1 + rand(H, scale=0.1)
-    save_file(tensors, os.path.join(path, "model.safetensors"))
-    cfg = {"architectures": ["Qwen2ForCausalLM"], "vocab_size": V, "hidden_size": H, "intermediate_size": INTER,
-           "num_hidden_layers": L, "num_attention_heads": heads, "num_key_value_heads": kv_heads, "head_dim": D,
-           "max_position_embeddings": 512, "rms_norm_eps": 1e-6, "tie_word_embeddings": True, "eos_token_id": 2,
-           "bos_token_id": 1}
-    if quant == "awq":
-        cfg["quantization_config"] = {"quant_method": "awq", "bits": 4, "group_size": G, "zero_point": True,
-                                      "version": "gemm"}
-    with open(os.path.join(path, "config.json"), "w") as f:
-        json.dump(cfg, f)
-    return str(path)
 
 
 def _tokens(llm: LLM, prompts=PROMPTS, params=GREEDY) -> list[list[int]]:
