@@ -122,10 +122,10 @@ class LlamaForCausalLM(nn.Module):
         self.layers = nn.ModuleList(DecoderLayer(cfg, i, tp) for i in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         if self.shard is not None:
-            q0, k0 = self.shard.q_heads[0] * cfg.head_dim, self.shard.intermediate[0]
+            q0, i0 = self.shard.q_heads[0] * cfg.head_dim, self.shard.intermediate[0]
             for layer in self.layers:  # an int8 row shard quantizes whole rows, then keeps its columns
                 for proj, a, n in ((layer.self_attn.o_proj, q0, layer.self_attn.q_size),
-                                   (layer.mlp.down_proj, k0, cfg.intermediate_size)):
+                                   (layer.mlp.down_proj, i0, cfg.intermediate_size)):
                     if isinstance(proj, Int8Linear):
                         proj.in_range = (a, a + n)
         if cfg.tie_word_embeddings:
