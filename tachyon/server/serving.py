@@ -30,6 +30,7 @@ from tachyon.engine.async_engine import AsyncEngine, EngineDeadError, QueueFullE
 from tachyon.engine.chat import encode_chat
 from tachyon.outputs import CompletionOutput, RequestOutput
 from tachyon.sampling_params import SamplingParams, StructuredOutputsParams
+from tachyon.server.batch_encode import BatchEncoder
 from tachyon.server.chat_extras import check_template_flags, echo_prefix, message_text
 from tachyon.server.errors import APIError, error_body, from_value_error
 from tachyon.server.frontend import FrontendOptions
@@ -168,14 +169,17 @@ class OpenAIServing:
         except ValueError as e:
             raise from_value_error(e, names) from None
 
-    def _encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+    def _check_text(self, text: str) -> None:
         if self.tokenizer is None:
             raise APIError(400, "this model has no tokenizer: send the prompt as a list of token ids", "prompt")
         if len(text) > self._max_prompt_chars:  # surely over the context: refuse it without tokenizing it
             raise APIError(400, f"the prompt has {len(text)} characters, more than this model's context of "
                                 f"{self.engine.config.scheduler.max_model_len} tokens can hold: shorten the prompt",
                            "prompt")
-        return self.tokenizer.encode(text, add_special_tokens=add_special_tokens)
+
+    @functools.cached_property
+    def _batch_encoder(self) -> BatchEncoder:
+        return BatchEncoder(self.tokenizer)
 
     @functools.cached_property
     def _max_prompt_chars(self) -> int:
@@ -213,23 +217,20 @@ class OpenAIServing:
         params = self._sampling_params(req, req.max_tokens, req.logprobs, structured=spec)
         if spec is not None:
             await compile_off_loop(self.engine.grammars, spec, spec_field)
-        p = req.prompt
-        texts = [p] if isinstance(p, str) else [x for x in p if isinstance(x, str)]
-        if sum(len(t) for t in texts) >= _OFF_LOOP_CHARS:  # a long text tokenizes in a thread: /health answers
-            prompts = await asyncio.to_thread(self._completion_prompts, req)
-        else:
-            prompts = self._completion_prompts(req)
+        prompts = await self._completion_prompts(req)
         job = _Job("completion", f"cmpl-{uuid.uuid4().hex}", int(time.time()), prompts, params, req.stream,
                    bool(req.stream_options and req.stream_options.include_usage), req.logprobs, req.echo)
         self._stream_extras(job, req)
         return await self._run(job, http)
 
-    def _completion_prompts(self, req: CompletionRequest) -> list[Prompt]:
+    async def _completion_prompts(self, req: CompletionRequest) -> list[Prompt]:
         p = req.prompt
-        if isinstance(p, str):
-            prompts = [(p, self._encode(p, req.add_special_tokens))]
-        elif p and all(isinstance(x, str) for x in p):
-            prompts = [(s, self._encode(s, req.add_special_tokens)) for s in p]
+        if isinstance(p, str) or p and all(isinstance(x, str) for x in p):
+            texts = [p] if isinstance(p, str) else p
+            for text in texts:
+                self._check_text(text)
+            ids = await asyncio.gather(*(self._batch_encoder.encode(t, req.add_special_tokens) for t in texts))
+            prompts = list(zip(texts, ids, strict=True))
         elif p and all(isinstance(x, list) for x in p):
             prompts = [(None, list(ids)) for ids in p]
         else:
