@@ -240,6 +240,8 @@ class EngineCore:
         return self._finish_step(sched, result)
 
     def _finish_step(self, sched: SchedulerOutput, result: ModelRunnerOutput | None) -> list[EngineCoreOutput]:
+        if result is not None and result.prompt_logprobs:
+            self._record_prompt_logprobs(result.prompt_logprobs)
         got, failed = self.scheduler.update(sched, result)
         self._stats.num_steps += 1
         outputs = []
@@ -250,6 +252,9 @@ class EngineCore:
                                None if lp is None else [result.sampled_logprobs[row]])
             if lp is not None and result.sampled_ranks is not None:
                 out.new_sampled_ranks = [result.sampled_ranks[row]]
+            if (seq.sampling_params.prompt_logprobs is not None and seq.index == 0
+                    and len(seq.token_ids) - len(tokens) == seq.num_prompt_tokens):  # its first output
+                out.prompt_logprobs, out.prompt_ranks = seq.prompt_logprobs, seq.prompt_ranks
             outputs.append(out)
         for seq, e in failed:
             outputs += self._fail(seq.request_id, e)
@@ -259,6 +264,17 @@ class EngineCore:
                 if g is not None and all(s.is_finished for s in g.seqs):
                     del self.groups[seq.request_id]
         return outputs
+
+    @staticmethod
+    def _record_prompt_logprobs(reported: list) -> None:
+        """A step's prompt logprobs onto their sequences, each position once (a prompt recomputed after a
+        preemption reports its positions again)."""
+        for seq, first, entries, ranks in reported:
+            have = len(seq.prompt_logprobs)
+            if seq.is_finished or first > have:
+                continue
+            seq.prompt_logprobs += entries[have - first:]
+            seq.prompt_ranks += ranks[have - first:]
 
     def _output(self, seq: Sequence, tokens: list[int], logprobs=None, sampled=None) -> EngineCoreOutput:
         m = seq.metrics

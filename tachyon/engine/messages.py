@@ -27,6 +27,10 @@ class EngineCoreOutput:
     new_logprobs: list[dict[int, float]] | None = None
     new_sampled_logprobs: list[float] | None = None
     new_sampled_ranks: list[int] | None = None
+    # prompt_logprobs, with the sequence's first output: per prompt position 1.. {token_id: logprob} and the
+    # prompt token's rank
+    prompt_logprobs: list[dict[int, float]] | None = None
+    prompt_ranks: list[int] | None = None
     finish_reason: str | None = None  # "stop" | "length" | "abort" | "error"
     stop_reason: int | str | None = None
     error: str | None = None

@@ -25,7 +25,6 @@ UNSUPPORTED = {
     "json_schema": "json_schema belongs inside response_format: {\"type\": \"json_schema\", \"json_schema\": ...}",
     "functions": "function calling is not supported yet",
     "function_call": "function calling is not supported yet",
-    "prompt_logprobs": "prompt logprobs are not supported",
     "logits_processors": "logits processors are not supported",
     "use_beam_search": "beam search is not supported",
     "length_penalty": "length_penalty (beam search) is not supported",
@@ -94,6 +93,7 @@ class _SamplingFields(_Strict):
     logit_bias: dict[str, float] | None = None  # token id (as a string, as OpenAI sends it) -> bias
     allowed_token_ids: list[int] | None = None  # vLLM's
     bad_words: list[str] | None = None  # vLLM's
+    prompt_logprobs: int | None = None  # vLLM's: top-N logprobs at each prompt position (not with stream)
     response_format: dict[str, Any] | None = None  # text, json_object, json_schema (tachyon.server.structured)
     structured_outputs: StructuredOutputs | None = None
     guided_json: dict[str, Any] | str | None = None

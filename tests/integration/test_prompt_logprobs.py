@@ -1,0 +1,127 @@
+"""prompt_logprobs as vLLM has them, checked against transformers' log_softmax over the same prompt on the
+embedded model: offline (`SamplingParams(prompt_logprobs=k)` -> `RequestOutput.prompt_logprobs`, across prefill
+chunks and with the prompt already in the prefix cache), on /v1/completions (per choice, and echo with logprobs)
+and on /v1/chat/completions (beside the choices), through the official `openai` client."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+import torch
+
+from tests.integration.conftest import API_KEY, MODEL
+from tests.integration.test_server import wait_idle
+
+PROMPT = ("The lighthouse keeper climbed the stairs every evening, lit the lamp, and watched the ships pass "
+          "the rocks until morning came.")
+
+
+def reference(hf_model, ids: list[int]) -> torch.Tensor:
+    """[len(ids), vocab] log-probabilities: row p scores token p + 1."""
+    with torch.no_grad():
+        return hf_model(torch.tensor([ids])).logits[0].float().log_softmax(-1)
+
+
+def check_position(row: torch.Tensor, token: int, entry: dict[int, tuple[float, int]], k: int) -> None:
+    """One prompt position: {token_id: (logprob, rank)} holds the prompt token and the top k, values within
+    float noise of transformers', ranks between the strictly-more-likely count and the nearly-as-likely one (so
+    the top k are transformers' top k, up to ties)."""
+    assert token in entry and k <= len(entry) <= k + 1
+    assert sorted(rank for t, (_, rank) in entry.items() if t != token or rank <= k)[:k] == list(range(1, k + 1))
+    for tid, (lp, rank) in entry.items():
+        assert lp == pytest.approx(row[tid].item(), abs=2e-3)
+        above, near = int((row > row[tid] + 2e-3).sum()), int((row > row[tid] - 2e-3).sum())
+        assert above + 1 <= rank <= near, (tid, rank, above, near)
+
+
+@pytest.fixture(scope="module")
+def chunked_llm():
+    """Prefill chunks of 8 tokens: a prompt's logprobs come from several steps."""
+    from tachyon import LLM
+
+    return LLM(swap_space=0, max_num_batched_tokens=8, kv_cache_memory_gib=0.1)
+
+
+def test_offline_prompt_logprobs_across_chunks_and_the_prefix_cache(chunked_llm, hf_embedded):
+    from tachyon import SamplingParams
+    from tachyon.sampling_params import InvalidRequestError
+
+    llm = chunked_llm
+    first = llm.generate(PROMPT, SamplingParams(max_tokens=1), use_tqdm=False)[0]  # now in the prefix cache
+    assert first.prompt_logprobs is None
+    ids = first.prompt_token_ids
+    assert len(ids) > 2 * 8
+    outs = llm.generate([PROMPT, PROMPT], [SamplingParams(max_tokens=2, temperature=0, prompt_logprobs=3, n=2),
+                                           SamplingParams(max_tokens=2, temperature=0)], use_tqdm=False)
+    asked, plain = outs
+    assert plain.num_cached_tokens == len(ids) // 16 * 16 and plain.prompt_logprobs is None
+    assert asked.num_cached_tokens == 0  # computed, so every position has its logits
+    lp = asked.prompt_logprobs
+    assert len(lp) == len(ids) and lp[0] is None
+    ref = reference(hf_embedded, ids)
+    tok = llm.get_tokenizer()
+    for p in range(1, len(ids)):
+        check_position(ref[p - 1], ids[p], {t: (x.logprob, x.rank) for t, x in lp[p].items()}, 3)
+        assert all(x.decoded_token == tok.decode([t]) for t, x in lp[p].items())
+    assert asked.outputs[0].token_ids == asked.outputs[1].token_ids == plain.outputs[0].token_ids  # greedy, n=2
+    zero = llm.generate({"prompt_token_ids": ids[:5]}, SamplingParams(max_tokens=1, prompt_logprobs=0),
+                        use_tqdm=False)[0].prompt_logprobs
+    assert [None if e is None else list(e) for e in zero] == [None, *([t] for t in ids[1:5])]
+    with pytest.raises(InvalidRequestError, match=r"prompt_logprobs=21 is more than the 20 .*--max-logprobs"):
+        llm.generate(PROMPT, SamplingParams(prompt_logprobs=21), use_tqdm=False)
+    assert llm.engine.kv.num_free_blocks == llm.engine.kv.num_blocks
+
+
+def _entry(d: dict) -> dict[int, tuple[float, int]]:
+    return {int(t): (v["logprob"], v["rank"]) for t, v in d.items()}
+
+
+def test_prompt_logprobs_on_completions_and_chat(server, hf_embedded):
+    openai = pytest.importorskip("openai")
+    client = openai.OpenAI(base_url=f"{server.url}/v1", api_key=API_KEY, max_retries=0, timeout=60)
+    tok = server.engine.tokenizer
+    ids = tok.encode(PROMPT)
+    ref = reference(hf_embedded, ids)
+    for _ in range(2):  # the second finds the prompt in the prefix cache, and still computes it
+        r = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=2, temperature=0,
+                                      extra_body={"prompt_logprobs": 2})
+        assert r.usage.prompt_tokens_details.cached_tokens == 0
+    plp = r.choices[0].model_extra["prompt_logprobs"]
+    assert len(plp) == len(ids) and plp[0] is None
+    for p in range(1, len(ids)):
+        check_position(ref[p - 1], ids[p], _entry(plp[p]), 2)
+        assert plp[p][str(ids[p])]["decoded_token"] == tok.decode([ids[p]])
+    # echo with logprobs: the prompt's tokens lead the logprobs, the first without one
+    e = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=2, temperature=0, logprobs=1, echo=True)
+    lp = e.choices[0].logprobs
+    assert e.choices[0].text.startswith(PROMPT) and len(lp.tokens) == len(ids) + 2
+    assert lp.tokens[:len(ids)] == [tok.decode([t]) for t in ids] and lp.token_logprobs[0] is None
+    assert lp.top_logprobs[0] is None and lp.text_offset[:2] == [0, len(lp.tokens[0])]
+    assert [round(x, 3) for x in lp.token_logprobs[1:len(ids)]] == [
+        round(plp[p][str(ids[p])]["logprob"], 3) for p in range(1, len(ids))]
+    stream = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=2, temperature=0, logprobs=1,
+                                       echo=True, stream=True)
+    chunks = [c.choices[0].logprobs for c in stream if c.choices]
+    assert sum((c.tokens for c in chunks), []) == lp.tokens
+    # chat: beside the choices, as vLLM's ChatCompletionResponse has them
+    messages = [{"role": "user", "content": "What is the capital of France?"}]
+    chat_ids = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)["input_ids"]
+    c = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=1, extra_body={"prompt_logprobs": 1})
+    chat_plp = c.model_extra["prompt_logprobs"]
+    chat_ref = reference(hf_embedded, chat_ids)
+    assert len(chat_plp) == len(chat_ids) and chat_plp[0] is None
+    for p in range(1, len(chat_ids)):
+        check_position(chat_ref[p - 1], chat_ids[p], _entry(chat_plp[p]), 1)
+    plain = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=1)
+    assert plain.model_extra["prompt_logprobs"] is None
+    for path, body, words in [
+            ("/v1/completions", {"prompt": "Hi", "prompt_logprobs": 1, "stream": True},
+             "`prompt_logprobs` are not available when `stream=True`."),
+            ("/v1/chat/completions", {"messages": messages, "prompt_logprobs": 21},
+             "prompt_logprobs=21 is more than the 20 top logprobs a request may ask for (--max-logprobs)"),
+            ("/v1/completions", {"prompt": "Hi", "prompt_logprobs": -1},
+             "SamplingParams.prompt_logprobs=-1 is out of range")]:
+        bad = httpx.post(server.url + path, json={"model": MODEL, **body}, headers=server.headers(), timeout=30)
+        assert bad.status_code == 400 and bad.json()["error"]["param"] == "prompt_logprobs"
+        assert bad.json()["error"]["message"].startswith(words), bad.json()
+    wait_idle(server)
