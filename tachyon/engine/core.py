@@ -24,6 +24,7 @@ Only a fault of the device (a CUDA error: the context is gone) propagates out of
 
 from __future__ import annotations
 
+import bisect
 import logging
 import threading
 from collections import deque
@@ -33,7 +34,7 @@ import torch
 
 from tachyon.config import EngineConfig
 from tachyon.engine.kv_cache import KVCacheManager
-from tachyon.engine.messages import EngineCoreOutput, EngineCoreRequest, EngineStats
+from tachyon.engine.messages import ITERATION_TOKENS_BUCKETS, EngineCoreOutput, EngineCoreRequest, EngineStats
 from tachyon.engine.scheduler import Scheduler
 from tachyon.engine.sequence import Sequence, SequenceGroup, SequenceStatus
 from tachyon.engine.structured_output import GrammarCompiler
@@ -73,6 +74,7 @@ class EngineCore:
         self._lock = threading.Lock()
         self._eos = frozenset(config.model.eos_token_ids)
         self._stats = EngineStats(num_kv_blocks=self.kv.num_blocks, block_size=self.kv.block_size)
+        self._iteration_tokens = [0] * (len(ITERATION_TOKENS_BUCKETS) + 1)  # EngineStats.iteration_tokens_counts
         # requests whose grammar is compiling (in the compiler's thread): they join the scheduler when it is ready
         self._awaiting_grammar: list[tuple[SequenceGroup, Future]] = []
 
@@ -244,6 +246,8 @@ class EngineCore:
             self._record_prompt_logprobs(result.prompt_logprobs)
         got, failed = self.scheduler.update(sched, result)
         self._stats.num_steps += 1
+        self._iteration_tokens[bisect.bisect_left(ITERATION_TOKENS_BUCKETS, sched.num_tokens)] += 1
+        self._stats.iteration_tokens_sum += sched.num_tokens
         outputs = []
         for seq, tokens, row in got:
             self._stats.generation_tokens += len(tokens)
@@ -320,6 +324,7 @@ class EngineCore:
         s.spec_num_drafts, s.spec_num_draft_tokens = sch.spec_num_drafts, sch.spec_num_draft_tokens
         s.spec_num_accepted_tokens, s.spec_accepted_per_pos = (sch.spec_num_accepted_tokens,
                                                                tuple(sch.spec_accepted_per_pos))
+        s.iteration_tokens_counts = tuple(self._iteration_tokens)
         return EngineStats(*(getattr(s, f) for f in EngineStats.__slots__))
 
     def live_sequences(self) -> list[Sequence]:
