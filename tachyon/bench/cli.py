@@ -94,6 +94,8 @@ def _add_report_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--no-save", action="store_true", help="print only")
     g.add_argument("--no-progress", action="store_true", help="no progress bar")
     g.add_argument("--load-note", default=None, help="a note on machine load, saved with the result")
+    g.add_argument("--metadata", nargs="+", default=None, metavar="KEY=VALUE",
+                   help="vLLM's: extra KEY=VALUE pairs written into the result JSON (bench serve)")
 
 
 def add_bench_args(p: argparse.ArgumentParser) -> None:
@@ -513,6 +515,9 @@ def cmd_offline(args, command: str) -> int:
 
         load_jsonl(spec.jsonl, spec.output_len if isinstance(spec.output_len, int) else None)
     _concurrencies(args, spec, command)  # bad flags fail before any model loads
+    from tachyon.bench.report import metadata_fields
+
+    metadata_fields(getattr(args, "metadata", None))
     if getattr(args, "enable_prefix_caching", False) is None:
         args.enable_prefix_caching = spec.prefix_len > 0
     backends = args.backend or (["openai"] if command == "serve" or args.base_url else ["tachyon"])

@@ -196,7 +196,7 @@ def test_a_vllm_offline_script_runs_unchanged(vllm_llm, hub_cache, capsys):
         LLM(model=REPO, enable_lora=True, hf_overrides={}, speculative_config={"method": "ngram"})
 
 
-def test_bench_serve_takes_vllm_flags_and_writes_vllm_keys(tmp_path):
+def test_bench_serve_takes_vllm_flags_and_writes_vllm_keys(tmp_path, capsys):
     from tests.integration.test_bench_serve import FakeServer
 
     fake = FakeServer()
@@ -205,7 +205,7 @@ def test_bench_serve_takes_vllm_flags_and_writes_vllm_keys(tmp_path):
                 "--random-output-len", "3", "--random-range-ratio", "0.5", "--num-prompts", "3", "--ignore-eos",
                 "--save-result", "--result-dir", str(tmp_path), "--result-filename", "vllm.json",
                 "--percentile-metrics", "ttft,e2el", "--metric-percentiles", "50,90", "--vocab-size", "5000",
-                "--num-warmups", "0", "--no-progress", "--max-concurrency", "3"]
+                "--num-warmups", "0", "--no-progress", "--max-concurrency", "3", "--metadata", "gpu=none", "run=a=b"]
         assert main(argv) == 0
         assert all(b["ignore_eos"] and 4 <= len(b["prompt"]) <= 12 and 2 <= b["max_tokens"] <= 4
                    for b in fake.bodies)
@@ -213,6 +213,16 @@ def test_bench_serve_takes_vllm_flags_and_writes_vllm_keys(tmp_path):
     finally:
         fake.stop()
     res = json.loads((tmp_path / "vllm.json").read_text())
+    # every key vLLM's benchmark_serving.py / `vllm bench serve` writes (besides the percentile keys)
+    vllm_keys = {"date", "endpoint_type", "backend", "label", "model_id", "tokenizer_id", "best_of", "num_prompts",
+                 "request_rate", "burstiness", "max_concurrency", "duration", "completed", "failed",
+                 "total_input_tokens", "total_output_tokens", "request_throughput", "request_goodput",
+                 "output_throughput", "total_token_throughput", "max_output_tokens_per_s", "max_concurrent_requests",
+                 "input_lens", "output_lens", "ttfts", "itls", "generated_texts", "errors"}
+    assert vllm_keys <= set(res), sorted(vllm_keys - set(res))
+    assert (res["gpu"], res["run"], res["request_goodput"], res["endpoint_type"]) == ("none", "a=b", None, "openai")
+    # the fake streams " t0", " t1", ... one token a chunk
+    assert res["generated_texts"] == ["".join(f" t{i}" for i in range(n)) for n in res["output_lens"]]
     assert (res["backend"], res["model_id"], res["num_prompts"], res["request_rate"], res["max_concurrency"]) == (
         "openai", "fake-model", 3, "inf", 3)
     assert res["completed"] == 3 and res["failed"] == 0 and res["total_output_tokens"] == sum(
@@ -225,6 +235,7 @@ def test_bench_serve_takes_vllm_flags_and_writes_vllm_keys(tmp_path):
     assert all(t >= 0.2 for t in res["ttfts"]) and [len(i) + 1 for i in res["itls"]] == res["output_lens"]
     with pytest.raises(SystemExit):
         build_parser().parse_args(["bench", "serve", "--dataset-name", "sharegpt"])
+    assert main([*argv, "--metadata", "novalue"]) != 0 and "--metadata 'novalue': give KEY=VALUE" in capsys.readouterr().err
 
 
 def test_logit_processors_hold_with_steps_in_flight(vllm_llm):
