@@ -160,13 +160,15 @@ class LLM:
 
     def chat(self, messages: list[dict] | list[list[dict]], sampling_params: SamplingParams | None = None,
              use_tqdm: bool = True, chat_template: str | None = None, add_generation_prompt: bool = True,
-             continue_final_message: bool = False, chat_template_kwargs: dict | None = None) -> list[RequestOutput]:
+             continue_final_message: bool = False, chat_template_kwargs: dict | None = None,
+             tools: list[dict] | None = None) -> list[RequestOutput]:
         """Apply a chat template (`chat_template`, else the model's) to one conversation (or a list of them) and
-        generate. `continue_final_message`: the last (assistant) message is continued rather than closed."""
+        generate. `continue_final_message`: the last (assistant) message is continued rather than closed;
+        `tools`: OpenAI-style function entries, handed to the template (as vLLM's LLM.chat does)."""
         convs = [messages] if messages and isinstance(messages[0], dict) else list(messages)
         prompts = [{"prompt": None, "prompt_token_ids": self.encode_chat(
             c, add_generation_prompt, chat_template=chat_template, continue_final_message=continue_final_message,
-            chat_template_kwargs=chat_template_kwargs)} for c in convs]
+            chat_template_kwargs=chat_template_kwargs, tools=tools)} for c in convs]
         return self.generate(prompts, sampling_params, use_tqdm=use_tqdm)
 
     def encode_chat(self, messages: list[dict], add_generation_prompt: bool = True, **template) -> list[int]:

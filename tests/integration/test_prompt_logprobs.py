@@ -36,10 +36,11 @@ def check_position(row: torch.Tensor, token: int, entry: dict[int, tuple[float, 
 
 @pytest.fixture(scope="module")
 def chunked_llm():
-    """Prefill chunks of 8 tokens: a prompt's logprobs come from several steps."""
+    """Prefill chunks of 8 tokens: a prompt's logprobs come from several steps, queued back to back (3 in flight,
+    as on a GPU)."""
     from tachyon import LLM
 
-    return LLM(swap_space=0, max_num_batched_tokens=8, kv_cache_memory_gib=0.1)
+    return LLM(swap_space=0, max_num_batched_tokens=8, kv_cache_memory_gib=0.1, num_scheduler_steps=3)
 
 
 def test_offline_prompt_logprobs_across_chunks_and_the_prefix_cache(chunked_llm, hf_embedded):

@@ -181,9 +181,11 @@ def test_a_vllm_offline_script_runs_unchanged(vllm_llm, hub_cache, capsys):
     greedy = llm.generate(prompts[0], SamplingParams(temperature=0, max_tokens=5), use_tqdm=False)[0].outputs[0]
     assert len(default.token_ids) <= 5 and default.token_ids == greedy.token_ids
     chat = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello"}]
-    out = llm.chat(chat, SamplingParams(max_tokens=2), chat_template=TEMPLATE + "{{ suffix }}",
-                   chat_template_kwargs={"suffix": "!"}, add_generation_prompt=False, use_tqdm=False)
-    assert out[0].prompt_token_ids == tok.encode("<user>Hi\n<assistant>Hello\n<assistant>!")
+    tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}]
+    out = llm.chat(chat, SamplingParams(max_tokens=2),
+                   chat_template=TEMPLATE + "{{ suffix }}{% for t in tools %}[{{ t.function.name }}]{% endfor %}",
+                   chat_template_kwargs={"suffix": "!"}, add_generation_prompt=False, use_tqdm=False, tools=tools)
+    assert out[0].prompt_token_ids == tok.encode("<user>Hi\n<assistant>Hello\n<assistant>![get_weather]")
     # the prefix cache: a repeat hits it; after reset_prefix_cache it does not
     long_prompt = {"prompt_token_ids": list(range(100, 140))}
     params = SamplingParams(max_tokens=1)
