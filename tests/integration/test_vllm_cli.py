@@ -79,7 +79,8 @@ VLLM_SERVE = ("serve {repo} --host 0.0.0.0 --port {port} --served-model-name tin
               "--revision main --tokenizer {repo} --trust-remote-code --chat-template {template} --response-role bot "
               "--max-logprobs 3 --enable-chunked-prefill --max-model-len 256 --dtype auto --gpu-memory-utilization 0.9 "
               "--tensor-parallel-size 1 --kv-cache-dtype auto --generation-config auto --disable-log-stats "
-              "--enable-log-requests --allowed-origins [\"*\"] --root-path / --seed 0 --max-num-seqs 4")
+              "--enable-log-requests --allowed-origins [\"*\"] --root-path / --seed 0 --max-num-seqs 4 "
+              "--enable-auto-tool-choice --tool-call-parser hermes")
 
 
 def test_every_flag_has_help_and_no_flag_is_abbreviated():
@@ -105,6 +106,9 @@ def test_a_vllm_command_line_parses_to_the_same_settings(tmp_path):
     assert main(["serve", "a/b", "--model", "c/d"]) == 2  # the model twice, differently: an error, not a guess
     assert main(["generate", "hi", "--no-enable-chunked-prefill"]) == 2
     assert main(["generate", "hi", "--tensor-parallel-size", "2"]) == 2
+    assert main(["serve", "--enable-auto-tool-choice"]) == 2  # vLLM's rule: it needs --tool-call-parser
+    assert main(["serve", "--disable-log-requests", "--enable-log-requests"]) == 2
+    assert build_parser().parse_args(["serve", "--disable-log-requests"]).enable_log_requests is False
 
 
 def test_vllm_serve_command_runs_a_hub_model_offline(hub_cache, vllm_llm, tmp_path, monkeypatch, caplog, capsys):
