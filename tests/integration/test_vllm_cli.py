@@ -207,8 +207,9 @@ def test_bench_serve_takes_vllm_flags_and_writes_vllm_keys(tmp_path, capsys):
 
     fake = FakeServer()
     try:
-        argv = ["bench", "serve", "--base-url", fake.url, "--dataset-name", "random", "--random-input-len", "8",
-                "--random-output-len", "3", "--random-range-ratio", "0.5", "--num-prompts", "3", "--ignore-eos",
+        port = fake.url.rsplit(":", 1)[1]  # vLLM's --backend vllm --host --port: the fake's URL
+        argv = ["bench", "serve", "--backend", "vllm", "--host", "127.0.0.1", "--port", port, "--dataset-name",
+                "random", "--random-input-len", "8", "--random-output-len", "3", "--random-range-ratio", "0.5", "--num-prompts", "3", "--ignore-eos",
                 "--save-result", "--result-dir", str(tmp_path), "--result-filename", "vllm.json",
                 "--percentile-metrics", "ttft,e2el", "--metric-percentiles", "50,90", "--vocab-size", "5000",
                 "--num-warmups", "0", "--no-progress", "--max-concurrency", "3", "--metadata", "gpu=none", "run=a=b"]
