@@ -249,6 +249,7 @@ class ModelRunner:
         x = self.prepare(sched.seqs)
         input_ids = self._input_ids(x)
         graphs = self.cuda_graphs
+        prompt = None  # prompt logprobs: the full graph returns no hidden states, so such a step runs without it
         if (graphs is not None and x.num_decodes == len(x.q_lens) and graphs.fits(len(x.q_lens))
                 and x.prompt_rows is None):
             logits = graphs.replay(input_ids, x.positions, x.slot_mapping, x.seq_lens, x.block_tables)
@@ -265,7 +266,7 @@ class ModelRunner:
             if x.prompt_rows is not None:
                 prompt = compute_prompt_logprobs(self.model, hidden, x.prompt_rows, self.config.model.vocab_size)
         handle = _InFlight(x.sample_reqs, None, None)
-        if x.prompt_rows is not None:
+        if prompt is not None:
             handle.prompt = prompt.with_tensors(self._to_host(prompt.tensors()))
         if x.sample_reqs:
             sample, num_accepted = self._sample(logits, x)
