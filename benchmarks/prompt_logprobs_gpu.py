@@ -59,8 +59,8 @@ def main() -> int:
     args = p.parse_args()
 
     t0 = time.perf_counter()
-    llm = LLM(model=args.model, load_format="dummy", device=args.device, max_num_batched_tokens=args.max_num_batched_tokens,
-              max_model_len=args.prompt_len + args.gen + 64, seed=0, swap_space=0)
+    llm = LLM(model=args.model, load_format="dummy", device=args.device, seed=0, swap_space=0,
+              max_num_batched_tokens=args.max_num_batched_tokens, max_model_len=args.prompt_len + args.gen + 64)
     log(f"engine ready in {time.perf_counter() - t0:.1f} s")
     eng = llm.engine
     vocab = eng.config.model.vocab_size
