@@ -126,3 +126,24 @@ def test_prompt_logprobs_on_completions_and_chat(server, hf_embedded):
         assert bad.status_code == 400 and bad.json()["error"]["param"] == "prompt_logprobs"
         assert bad.json()["error"]["message"].startswith(words), bad.json()
     wait_idle(server)
+
+
+def test_prompt_logprobs_of_a_prompt_preempted_mid_prefill(tmp_path):
+    """A tiny random Llama with 6 KV blocks: the prompt_logprobs request is preempted (recompute) while its prefill
+    runs in chunks, so its positions are computed again; each is reported once, with transformers' values."""
+    from tachyon import LLM, SamplingParams
+    from tests.conftest import make_tiny_checkpoint
+
+    hf = make_tiny_checkpoint("llama", str(tmp_path), seed=5)
+    llm = LLM(model=str(tmp_path), num_kv_blocks=7, block_size=8, max_num_batched_tokens=4, max_num_seqs=2,
+              swap_space=0, max_model_len=128)
+    decoding, asked = list(range(10, 30)), list(range(100, 132))  # 6 and 5 blocks at their longest
+    outs = llm.generate([{"prompt_token_ids": decoding}, {"prompt_token_ids": asked}],
+                        [SamplingParams(max_tokens=28, ignore_eos=True, temperature=0),
+                         SamplingParams(max_tokens=2, prompt_logprobs=2, temperature=0)], use_tqdm=False)
+    out = outs[1]
+    assert out.metrics.num_preemptions >= 1 and len(out.prompt_logprobs) == len(asked)
+    ref = reference(hf, asked)
+    for p in range(1, len(asked)):
+        check_position(ref[p - 1], asked[p], {t: (x.logprob, x.rank) for t, x in out.prompt_logprobs[p].items()}, 2)
+    assert llm.engine.kv.num_free_blocks == llm.engine.kv.num_blocks
