@@ -7,7 +7,7 @@ so the offline API and the server give the same messages.
 Three rules about fields, as OpenAI's API has them:
   * `null` means "not given": the field's default (`max_tokens: null` on completions is 16).
   * A field nobody here knows is a 400 naming it (OpenAI: "Unrecognized request argument"), and so is a
-    known field whose meaning is not implemented (`functions`, `logit_bias`, ...): a silent 200 would answer
+    known field whose meaning is not implemented (`functions`, `use_beam_search`, ...): a silent 200 would answer
     a different question than the one asked.
   * Fields that change nothing about the answer (`user`, `metadata`, `store`, ...) are accepted and ignored.
 """
