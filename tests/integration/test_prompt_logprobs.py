@@ -1,7 +1,8 @@
-"""prompt_logprobs as vLLM has them, checked against transformers' log_softmax over the same prompt on the
-embedded model: offline (`SamplingParams(prompt_logprobs=k)` -> `RequestOutput.prompt_logprobs`, across prefill
-chunks and with the prompt already in the prefix cache), on /v1/completions (per choice, and echo with logprobs)
-and on /v1/chat/completions (beside the choices), through the official `openai` client."""
+"""prompt_logprobs as vLLM has them, checked against transformers' log_softmax over the same prompt: on the
+embedded model through the official `openai` client (/v1/completions per choice, echo with logprobs,
+/v1/chat/completions beside the choices, a prompt already in the prefix cache computed again), and offline on a
+tiny random Llama whose prompt runs in prefill chunks and is preempted mid-prefill. The offline API with a
+tokenizer and steps in flight: tests/integration/test_vllm_cli.py."""
 
 from __future__ import annotations
 
@@ -32,45 +33,6 @@ def check_position(row: torch.Tensor, token: int, entry: dict[int, tuple[float, 
         assert lp == pytest.approx(row[tid].item(), abs=2e-3)
         above, near = int((row > row[tid] + 2e-3).sum()), int((row > row[tid] - 2e-3).sum())
         assert above + 1 <= rank <= near, (tid, rank, above, near)
-
-
-@pytest.fixture(scope="module")
-def chunked_llm():
-    """Prefill chunks of 8 tokens: a prompt's logprobs come from several steps, queued back to back (3 in flight,
-    as on a GPU)."""
-    from tachyon import LLM
-
-    return LLM(swap_space=0, max_num_batched_tokens=8, kv_cache_memory_gib=0.1, num_scheduler_steps=3)
-
-
-def test_offline_prompt_logprobs_across_chunks_and_the_prefix_cache(chunked_llm, hf_embedded):
-    from tachyon import SamplingParams
-    from tachyon.sampling_params import InvalidRequestError
-
-    llm = chunked_llm
-    first = llm.generate(PROMPT, SamplingParams(max_tokens=1), use_tqdm=False)[0]  # now in the prefix cache
-    assert first.prompt_logprobs is None
-    ids = first.prompt_token_ids
-    assert len(ids) > 2 * 8
-    outs = llm.generate([PROMPT, PROMPT], [SamplingParams(max_tokens=2, temperature=0, prompt_logprobs=3, n=2),
-                                           SamplingParams(max_tokens=2, temperature=0)], use_tqdm=False)
-    asked, plain = outs
-    assert plain.num_cached_tokens == len(ids) // 16 * 16 and plain.prompt_logprobs is None
-    assert asked.num_cached_tokens == 0  # computed, so every position has its logits
-    lp = asked.prompt_logprobs
-    assert len(lp) == len(ids) and lp[0] is None
-    ref = reference(hf_embedded, ids)
-    tok = llm.get_tokenizer()
-    for p in range(1, len(ids)):
-        check_position(ref[p - 1], ids[p], {t: (x.logprob, x.rank) for t, x in lp[p].items()}, 3)
-        assert all(x.decoded_token == tok.decode([t]) for t, x in lp[p].items())
-    assert asked.outputs[0].token_ids == asked.outputs[1].token_ids == plain.outputs[0].token_ids  # greedy, n=2
-    zero = llm.generate({"prompt_token_ids": ids[:5]}, SamplingParams(max_tokens=1, prompt_logprobs=0),
-                        use_tqdm=False)[0].prompt_logprobs
-    assert [None if e is None else list(e) for e in zero] == [None, *([t] for t in ids[1:5])]
-    with pytest.raises(InvalidRequestError, match=r"prompt_logprobs=21 is more than the 20 .*--max-logprobs"):
-        llm.generate(PROMPT, SamplingParams(prompt_logprobs=21), use_tqdm=False)
-    assert llm.engine.kv.num_free_blocks == llm.engine.kv.num_blocks
 
 
 def _entry(d: dict) -> dict[int, tuple[float, int]]:

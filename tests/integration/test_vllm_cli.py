@@ -202,6 +202,38 @@ def test_a_vllm_offline_script_runs_unchanged(vllm_llm, hub_cache, capsys):
         LLM(model=REPO, enable_lora=True, hf_overrides={}, speculative_config={"method": "ngram"})
 
 
+def test_prompt_logprobs_offline_as_vllm_gives_them(vllm_llm, hub_cache):
+    """SamplingParams(prompt_logprobs=k): None, then per prompt token {token_id: Logprob} of it and the top k,
+    against transformers' log_softmax; the prompt is computed even when the prefix cache holds it; 4 steps in
+    flight; bounded by max_logprobs."""
+    from tachyon import SamplingParams
+    from tachyon.sampling_params import InvalidRequestError
+    from tests.integration.test_prompt_logprobs import check_position, reference
+
+    llm, tok = vllm_llm, vllm_llm.get_tokenizer()
+    prompt = "The lighthouse keeper climbed the stairs every evening and lit the lamp before the ships came."
+    first = llm.generate(prompt, SamplingParams(max_tokens=1), use_tqdm=False)[0]  # now in the prefix cache
+    assert first.prompt_logprobs is None
+    ids = first.prompt_token_ids
+    asked, plain = llm.generate([prompt, prompt], [SamplingParams(max_tokens=2, temperature=0, prompt_logprobs=3, n=2),
+                                                   SamplingParams(max_tokens=2, temperature=0)], use_tqdm=False)
+    assert plain.num_cached_tokens == len(ids) // 16 * 16 > 0 and plain.prompt_logprobs is None
+    assert asked.num_cached_tokens == 0  # computed, so every position has its logits
+    assert len(asked.prompt_logprobs) == len(ids) and asked.prompt_logprobs[0] is None
+    ref = reference(hub_cache[2], ids)
+    for p in range(1, len(ids)):
+        entry = asked.prompt_logprobs[p]
+        check_position(ref[p - 1], ids[p], {t: (x.logprob, x.rank) for t, x in entry.items()}, 3)
+        assert all(x.decoded_token == tok.decode([t]) for t, x in entry.items())
+    assert asked.outputs[0].token_ids == asked.outputs[1].token_ids == plain.outputs[0].token_ids  # greedy, n=2
+    zero = llm.generate({"prompt_token_ids": ids[:5]}, SamplingParams(max_tokens=1, prompt_logprobs=0),
+                        use_tqdm=False)[0].prompt_logprobs
+    assert [None if e is None else list(e) for e in zero] == [None, *([t] for t in ids[1:5])]
+    with pytest.raises(InvalidRequestError, match=r"prompt_logprobs=6 is more than the 5 .*--max-logprobs"):
+        llm.generate(prompt, SamplingParams(prompt_logprobs=6), use_tqdm=False)
+    assert llm.engine.kv.num_free_blocks == llm.engine.kv.num_blocks
+
+
 def test_bench_serve_takes_vllm_flags_and_writes_vllm_keys(tmp_path, capsys):
     from tests.integration.test_bench_serve import FakeServer
 
