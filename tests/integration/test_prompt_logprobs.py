@@ -91,14 +91,15 @@ def test_prompt_logprobs_on_completions_and_chat(server, hf_embedded):
 
 
 def test_prompt_logprobs_of_a_prompt_preempted_mid_prefill(tmp_path):
-    """A tiny random Llama with 6 KV blocks: the prompt_logprobs request is preempted (recompute) while its prefill
-    runs in chunks, so its positions are computed again; each is reported once, with transformers' values."""
+    """A tiny random Llama with 6 KV blocks: the prompt_logprobs request's prefill runs in chunks of 4 tokens, 3
+    steps in flight, and is preempted (recompute) midway, so its positions are computed again; each is reported
+    once, with transformers' values."""
     from tachyon import LLM, SamplingParams
     from tests.conftest import make_tiny_checkpoint
 
     hf = make_tiny_checkpoint("llama", str(tmp_path), seed=5)
     llm = LLM(model=str(tmp_path), num_kv_blocks=7, block_size=8, max_num_batched_tokens=4, max_num_seqs=2,
-              swap_space=0, max_model_len=128)
+              swap_space=0, max_model_len=128, num_scheduler_steps=3)  # chunks queued back to back, as on a GPU
     decoding, asked = list(range(10, 30)), list(range(100, 132))  # 6 and 5 blocks at their longest
     outs = llm.generate([{"prompt_token_ids": decoding}, {"prompt_token_ids": asked}],
                         [SamplingParams(max_tokens=28, ignore_eos=True, temperature=0),
