@@ -63,11 +63,15 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--tool-call-parser", default=None, choices=["hermes", "llama3_json", "mistral"],
                    help="how tool_choice \"auto\" reads the model's tool calls (vLLM's names); without it, only "
                         "tool_choice \"required\" or a named function (enforced by a grammar) call tools")
+    g.add_argument("--enable-auto-tool-choice", action="store_true",
+                   help="vLLM's: tool_choice \"auto\" (it needs --tool-call-parser, which alone turns it on here)")
     g.add_argument("--engine-process", action=argparse.BooleanOptionalAction, default=True,
                    help="run the engine core in its own process, so HTTP, tokenization and streaming never hold "
                         "it back (--no-engine-process: one process, for debugging)")
     g.add_argument("--enable-log-requests", action="store_true",
                    help="log each request as it arrives (id, prompt length, sampling parameters) and when it ends")
+    g.add_argument("--disable-log-requests", action="store_true",
+                   help="vLLM's older flag: requests are not logged (the default here)")
     g.add_argument("--log-stats-interval", type=float, default=10.0,
                    help="seconds between the throughput/queue log lines (see --disable-log-stats)")
     g.add_argument("--metrics-prefix", default="tachyon", choices=["tachyon", "vllm"],
@@ -135,6 +139,11 @@ def build_app(args: argparse.Namespace):
     from tachyon.server.app import create_app
     from tachyon.server.frontend import FrontendOptions
 
+    if args.enable_auto_tool_choice and args.tool_call_parser is None:
+        raise ValueError("--enable-auto-tool-choice needs --tool-call-parser (hermes, llama3_json or mistral): "
+                         "the format the model writes its tool calls in")
+    if args.disable_log_requests and args.enable_log_requests:
+        raise ValueError("--disable-log-requests and --enable-log-requests contradict each other: give one")
     resolve_serve_model(args)
     engine_args = EngineArgs.from_cli_args(args)
     chat_template = load_chat_template(args.chat_template)
