@@ -7,6 +7,7 @@ One request:
       -> pick the healthy backend with the fewest outstanding requests -> send
            connection fails before the answer's first byte: eject it, try the next one (up to max_attempts)
            429 / 503 from the backend: try the next one; if none is left, that answer goes to the client
+           404 from a backend chosen because it reported the model: re-read its /v1/models, try the next one
       -> stream the answer through, one SSE event at a time, as the backend sends it
       -> access log line, metrics, tokens charged to the key
 
@@ -297,12 +298,17 @@ class Gateway:
                     rec.status = 504 if isinstance(e, httpx.TimeoutException) else 502
                     self._finish(rec)
                     return _error(rec.status, f"backend {backend.id} failed: {e!r}")
-                if resp.status_code in (429, 503):
+                # 404 where the backends' own /v1/models chose them: the model left that backend since its last
+                # probe (unloaded, swapped): read its list again now, and try the others that report the model
+                stale = resp.status_code == 404 and decision.route == "reported"
+                if resp.status_code in (429, 503) or stale:
                     content = await resp.aread()
                     await resp.aclose()
                     backend.outstanding -= 1
                     if resp.status_code == 503:
                         backend.eject("answered 503")
+                    if stale:
+                        await self.health.probe(backend)
                     last_answer = (resp.status_code, content, resp.headers.get("content-type", "application/json"))
                     failures.append(f"{backend.id}: {resp.status_code}")
                     continue

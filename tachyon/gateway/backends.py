@@ -72,12 +72,18 @@ def auth_headers(backend: Backend) -> dict[str, str]:
 
 
 def _model_ids(body: dict) -> dict[str, str]:
+    """A name clients may send -> the name the backend is sent. A card {"id": "smol", "version": "v2"} is reached
+    as smol and smol@v2; smol@v2 is sent as smol to any OpenAI server, and as smol@v2 to a Tachyon one (its cards
+    are owned_by "tachyon"), which then answers from v2 or, once v2 is gone, 404. A Tachyon card of a version that
+    is not its name's default carries the version in its id (smol@v3)."""
     ids = {}
     for card in body.get("data") or ():
         if isinstance(card, dict) and isinstance(card.get("id"), str):
             ids[card["id"]] = card["id"]
-            if card.get("version"):
-                ids[f"{card['id']}@{card['version']}"] = card["id"]
+            version = card.get("version")
+            if version and not card["id"].endswith(f"@{version}"):
+                versioned = f"{card['id']}@{version}"
+                ids[versioned] = versioned if card.get("owned_by") == "tachyon" else card["id"]
     return ids
 
 
