@@ -92,7 +92,11 @@ class ServedModel:
         return None if process is None else process.pid
 
     def in_flight(self) -> int:
-        return self.handlers + len(self.async_engine.engine.request_ids())
+        """Requests running in its engine."""
+        return len(self.async_engine.engine.request_ids())
+
+    def busy(self) -> bool:
+        return self.handlers > 0 or self.in_flight() > 0
 
     def describe(self, default_for: list[str]) -> dict:
         return {"model": self.label, "names": self.names, "version": self.version, "root": self.root,
@@ -255,7 +259,7 @@ class ModelRegistry:
         """Wait for the model's requests to finish (abort them after `timeout` s), then shut its engine down."""
         in_flight = model.in_flight()
         deadline = time.monotonic() + timeout
-        while model.in_flight() and time.monotonic() < deadline:
+        while model.busy() and time.monotonic() < deadline:
             await asyncio.sleep(0.02)
         aborted = model.in_flight()
         if aborted:
@@ -270,8 +274,8 @@ class ModelRegistry:
                 await asyncio.sleep(0.02)
         await asyncio.to_thread(model.async_engine.shutdown)
         self.retiring.remove(model)
-        logger.info("model %s unloaded (%d request(s) drained, %d aborted)", model.label, in_flight - aborted,
-                    aborted)
+        logger.info("model %s unloaded (%d request(s) running when it was switched off, %d aborted)", model.label,
+                    in_flight, aborted)
         return {"in_flight": in_flight, "aborted": aborted}
 
     # -- the whole server --------------------------------------------------------------------------------------
