@@ -197,6 +197,8 @@ class ModelRegistry:
         return names, [f"{n}@{req.version}" if req.version else n for n in names]
 
     async def _build(self, req: LoadModelRequest, names: list[str]) -> ServedModel:
+        if self.draining:
+            raise APIError(503, "the server is shutting down: no model is loaded now")
         if self.loader is None:
             raise APIError(400, "this server cannot load models (it was built without a model loader)")
         t0 = time.perf_counter()
@@ -205,6 +207,9 @@ class ModelRegistry:
         except Exception as e:
             logger.exception("loading %s failed", req.model)
             raise APIError(400, f"could not load the model {req.model!r}: {e}", "model") from None
+        if self.draining:  # the server began shutting down while it loaded: nobody would stop it
+            await asyncio.to_thread(async_engine.shutdown)
+            raise APIError(503, "the server is shutting down: the model was loaded, then stopped")
         async_engine.start()
         model = self.make_model(async_engine, options, names, req.version, req.model)
         logger.info("model %s loaded from %s in %.1fs", model.label, req.model, time.perf_counter() - t0)
