@@ -276,7 +276,8 @@ class Gateway:
                 headers = {"content-type": "application/json", "x-request-id": rec.request_id,
                            **auth_headers(backend)}
                 try:
-                    resp = await self.session.post(backend.url + path, data=payload, headers=headers)
+                    resp = await self.session.post(backend.url + path, data=payload, headers=headers,
+                                                   allow_redirects=False)
                 except _RETRYABLE as e:
                     backend.outstanding -= 1
                     self.metrics.retries.labels(pool.name, backend.id).inc()
