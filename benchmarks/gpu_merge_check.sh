@@ -2,7 +2,8 @@
 # One device call after merging speculative decoding, structured outputs, the vLLM-compatible surface and the
 # fp8 KV cache (issues 15, 16, 19, 20): their GPU tests, then the GPU figures each issue asks for, in order of
 # need, each under its own time limit and all inside one call:
-#   1. tests: fp8 KV writes (GPU only), the Triton model vs torch, piecewise graphs, speculative decoding's units
+#   1. tests: fp8 KV writes (GPU only), the Triton model vs torch, piecewise graphs, speculative decoding's units;
+#      prompt_logprobs' CUDA path (benchmarks/prompt_logprobs_gpu.py)
 #   2. speculative decoding, llama3-8b random bf16: replay (acceptance ~1 .. lower) and random proposers, batch 1, 64
 #   3. structured outputs overhead, llama3-8b, batch 1 and 64 (xgrammar and pydantic from the carried .whl)
 #   4. llama3-8b single / throughput with the KV cache in bf16 and in fp8
@@ -16,6 +17,8 @@ timeout 110 python -m pytest -q -p no:cacheprovider --timeout 100 tests/kernels/
   tests/kernels/test_model_triton.py tests/kernels/test_piecewise_graphs.py tests/unit/test_spec_decode.py \
   > "$OUT/gpu_tests.txt" 2>&1
 tail -2 "$OUT/gpu_tests.txt"
+timeout 100 python benchmarks/prompt_logprobs_gpu.py --out "$OUT/prompt_logprobs.json" > "$OUT/prompt_logprobs.log" 2>&1
+tail -3 "$OUT/prompt_logprobs.log" | cut -c1-300
 timeout $(( $(left) > 170 ? 150 : $(left) - 20 )) python benchmarks/spec_decode_gpu.py --batches 1,64 --k 4 \
   --fidelity 1,0.8,0.6,0.4 --out "$OUT/spec_decode.json" > "$OUT/spec_decode.log" 2>&1
 tail -4 "$OUT/spec_decode.log" | cut -c1-400

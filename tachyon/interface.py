@@ -66,6 +66,9 @@ class ModelRunnerOutput:
     # verified proposals this step
     num_accepted: list[int] | None = None
     sampled_ranks: list[int | None] | None = None  # rows that asked for logprobs: the sampled token's rank
+    # sequences whose prompt positions this step reported (prompt_logprobs): (seq, first position,
+    # {token_id: logprob} per position with the prompt token first, the prompt token's rank per position)
+    prompt_logprobs: list[tuple[Any, int, list[dict[int, float]], list[int]]] | None = None
 
 
 class RunnerFault(RuntimeError):

@@ -2,7 +2,8 @@
 
 A script written for vLLM runs unchanged where it uses what Tachyon has: LLM(...) takes EngineArgs' fields (vLLM's
 names); one of vLLM's other arguments is a TypeError that names it as not supported. Outputs carry logprobs as
-`{token_id: Logprob(logprob, rank, decoded_token)}` per generated token, as vLLM's do.
+`{token_id: Logprob(logprob, rank, decoded_token)}` per generated token (and per prompt token with
+`SamplingParams(prompt_logprobs=N)`), as vLLM's do.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import torch
 
 from tachyon.engine.chat import encode_chat
 from tachyon.engine_args import EngineArgs
-from tachyon.outputs import Logprob, RequestOutput
+from tachyon.outputs import Logprob, RequestOutput, logprob_ranks
 from tachyon.sampling_params import SamplingParams
 
 logger = logging.getLogger("tachyon")
@@ -101,7 +102,7 @@ class LLM:
             raise ValueError(f"{len(prompts)} prompts but {len(params)} SamplingParams: give one, or one per prompt")
         # Validate everything before anything enters the engine.
         requests = []
-        for p, sp in zip(prompts, params):
+        for p, sp in zip(prompts, params, strict=True):
             text, ids = self._to_token_ids(p)
             sp.verify()
             sp.resolve_bad_words(self.engine.tokenizer)
@@ -138,30 +139,36 @@ class LLM:
         return [done[r] for r in order]
 
     def _logprob_objects(self, out: RequestOutput) -> None:
-        """Each generated token's {token_id: logprob} as vLLM's {token_id: Logprob(logprob, rank, decoded_token)}.
-        The top-N tokens' ranks follow from their order (every more likely token is among them); the sampled
-        token's rank the sampler counted."""
-        tok = self.engine.tokenizer
+        """Each generated (and, with prompt_logprobs, prompt) token's {token_id: logprob} as vLLM's
+        {token_id: Logprob(logprob, rank, decoded_token)}. The top-N tokens' ranks follow from their order (every
+        more likely token is among them); the sampled or prompt token's rank the device counted."""
         for c in out.outputs:
             if c.logprobs is None:
                 continue
             ranks = c.sampled_ranks or [None] * len(c.logprobs)
-            for pos, (token, entry) in enumerate(zip(c.token_ids, c.logprobs, strict=False)):
-                values = sorted(entry.values(), reverse=True)
-                c.logprobs[pos] = {
-                    t: Logprob(v, ranks[pos] if t == token else 1 + sum(1 for w in values if w > v),
-                               tok.decode([t]) if tok is not None else None)
-                    for t, v in entry.items()}
+            c.logprobs = [self._logprob_entry(token, entry, rank)
+                          for token, entry, rank in zip(c.token_ids, c.logprobs, ranks, strict=False)]
+        if out.prompt_logprobs is not None:
+            out.prompt_logprobs = [None if entry is None else self._logprob_entry(token, entry, rank)
+                                   for token, entry, rank in zip(out.prompt_token_ids, out.prompt_logprobs,
+                                                                 out.prompt_token_ranks, strict=True)]
+
+    def _logprob_entry(self, token: int, entry: dict[int, float], rank: int | None) -> dict[int, Logprob]:
+        tok = self.engine.tokenizer
+        ranks = logprob_ranks(entry, token, rank)
+        return {t: Logprob(v, ranks[t], tok.decode([t]) if tok is not None else None) for t, v in entry.items()}
 
     def chat(self, messages: list[dict] | list[list[dict]], sampling_params: SamplingParams | None = None,
              use_tqdm: bool = True, chat_template: str | None = None, add_generation_prompt: bool = True,
-             continue_final_message: bool = False, chat_template_kwargs: dict | None = None) -> list[RequestOutput]:
+             continue_final_message: bool = False, chat_template_kwargs: dict | None = None,
+             tools: list[dict] | None = None) -> list[RequestOutput]:
         """Apply a chat template (`chat_template`, else the model's) to one conversation (or a list of them) and
-        generate. `continue_final_message`: the last (assistant) message is continued rather than closed."""
+        generate. `continue_final_message`: the last (assistant) message is continued rather than closed;
+        `tools`: OpenAI-style function entries, handed to the template (as vLLM's LLM.chat does)."""
         convs = [messages] if messages and isinstance(messages[0], dict) else list(messages)
         prompts = [{"prompt": None, "prompt_token_ids": self.encode_chat(
             c, add_generation_prompt, chat_template=chat_template, continue_final_message=continue_final_message,
-            chat_template_kwargs=chat_template_kwargs)} for c in convs]
+            chat_template_kwargs=chat_template_kwargs, tools=tools)} for c in convs]
         return self.generate(prompts, sampling_params, use_tqdm=use_tqdm)
 
     def encode_chat(self, messages: list[dict], add_generation_prompt: bool = True, **template) -> list[int]:

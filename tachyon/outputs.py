@@ -37,6 +37,13 @@ class Logprob:
     decoded_token: str | None = None
 
 
+def logprob_ranks(entry: dict[int, float], token: int, rank: int | None) -> dict[int, int | None]:
+    """Each token's rank in one position's {token_id: logprob} (a chosen token and the top-N): the chosen
+    token's the device counted; a top-N token's follows from the order (every more likely token is among them)."""
+    values = sorted(entry.values(), reverse=True)
+    return {t: rank if t == token else 1 + values.index(v) for t, v in entry.items()}
+
+
 @dataclass
 class CompletionOutput:
     index: int
@@ -62,4 +69,8 @@ class RequestOutput:
     metrics: RequestMetrics
     num_cached_tokens: int = 0
     error: str | None = None  # why the engine failed this request (finish_reason "error"), else None
+    # SamplingParams.prompt_logprobs: None for the first prompt token, then per prompt token {token_id: logprob}
+    # of it and the top-N at its position (LLM.generate gives Logprob objects, as vLLM's)
+    prompt_logprobs: list[dict | None] | None = None
+    prompt_token_ranks: list[int | None] | None = None  # each prompt token's rank at its position
     extra: dict = field(default_factory=dict)

@@ -84,6 +84,9 @@ class SamplingParams:
     max_tokens: int | None = 16  # None = up to the model's context
     min_tokens: int = 0
     logprobs: int | None = None  # top-N logprobs of each generated token (plus the sampled one)
+    # top-N logprobs at each prompt position (plus the prompt token's own): the prefill computes logits at every
+    # prompt position of such a request, and its prompt skips the prefix cache (so every position is computed)
+    prompt_logprobs: int | None = None
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
     logit_bias: dict[int, float] | None = None  # token id -> added to its logit, in [-100, 100]
@@ -138,6 +141,8 @@ class SamplingParams:
         integer("min_tokens", 0, self.max_tokens if self.max_tokens is not None else INT64_MAX,
                 "it must be an integer >= 0 and <= max_tokens")
         integer("logprobs", 0, INT64_MAX, "it must be an integer >= 0 (the number of top logprobs)", none_ok=True)
+        integer("prompt_logprobs", 0, INT64_MAX, "it must be an integer >= 0 (the number of top logprobs at each "
+                                                 "prompt position)", none_ok=True)
         for name in ("ignore_eos", "skip_special_tokens", "include_stop_str_in_output"):
             flag(name)
         stop = self.stop

@@ -46,8 +46,8 @@ def _add_workload_args(p: argparse.ArgumentParser) -> None:
 
 def _add_backend_args(p: argparse.ArgumentParser, default: str | None) -> None:
     g = p.add_argument_group("backends")
-    g.add_argument("--backend", action="append", default=None, choices=["tachyon", "hf", "openai"],
-                   help=f"repeatable; runs each in turn (default: {default})")
+    g.add_argument("--backend", action="append", default=None, choices=["tachyon", "hf", "openai", "vllm"],
+                   help=f"repeatable; runs each in turn (default: {default}; vllm: vLLM's name for openai)")
     g.add_argument("--label", default=None, help="name of this run in tables and plots (one backend)")
     g.add_argument("--hf-batch-size", type=int, default=None,
                    help="hf: static batch size (default: every request in one batch)")
@@ -63,6 +63,8 @@ def _add_backend_args(p: argparse.ArgumentParser, default: str | None) -> None:
 def _add_http_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("HTTP (openai backend, serve)")
     g.add_argument("--base-url", default=None, help="OpenAI-compatible server (default http://127.0.0.1:8000)")
+    g.add_argument("--host", default=None, help="vLLM's: the server's host, when no --base-url (default 127.0.0.1)")
+    g.add_argument("--port", type=int, default=None, help="vLLM's: the server's port, when no --base-url (default 8000)")
     g.add_argument("--endpoint", default="/v1/completions", help="the API route requests go to (default: %(default)s)")
     g.add_argument("--served-model-name", default=None, help="the 'model' field (default: the server's first)")
     g.add_argument("--api-key", default=None, help="sent as 'Authorization: Bearer KEY'")
@@ -94,6 +96,8 @@ def _add_report_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--no-save", action="store_true", help="print only")
     g.add_argument("--no-progress", action="store_true", help="no progress bar")
     g.add_argument("--load-note", default=None, help="a note on machine load, saved with the result")
+    g.add_argument("--metadata", nargs="+", default=None, metavar="KEY=VALUE",
+                   help="vLLM's: extra KEY=VALUE pairs written into the result JSON (bench serve)")
 
 
 def add_bench_args(p: argparse.ArgumentParser) -> None:
@@ -513,9 +517,15 @@ def cmd_offline(args, command: str) -> int:
 
         load_jsonl(spec.jsonl, spec.output_len if isinstance(spec.output_len, int) else None)
     _concurrencies(args, spec, command)  # bad flags fail before any model loads
+    from tachyon.bench.report import metadata_fields
+
+    metadata_fields(getattr(args, "metadata", None))
     if getattr(args, "enable_prefix_caching", False) is None:
         args.enable_prefix_caching = spec.prefix_len > 0
-    backends = args.backend or (["openai"] if command == "serve" or args.base_url else ["tachyon"])
+    if args.base_url is None and (args.host is not None or args.port is not None):  # vLLM's --host/--port
+        args.base_url = f"http://{args.host or '127.0.0.1'}:{args.port or 8000}"
+    backends = [("openai" if b == "vllm" else b) for b in args.backend or ()]  # vLLM calls it vllm
+    backends = backends or (["openai"] if command == "serve" or args.base_url else ["tachyon"])
     if command == "serve" and any(b != "openai" for b in backends):
         raise ValueError("`bench serve` talks HTTP: use --backend openai (the default) with --base-url")
     result = base_result(args, command, spec)

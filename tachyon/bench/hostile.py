@@ -44,7 +44,7 @@ SPECIAL = {
     "messages": [[{"role": "user"}], [{"role": "wizard", "content": "hi"}], [{"content": "hi"}],
                  [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "http://x"}}]}],
                  [{"role": "user", "content": [{"type": "text"}]}], [{"role": "user", "content": "hi", "tool_calls": []}],
-                 [{"role": "user", "content": "hi"}] * 300, ["hi"], [None]],
+                 [{"role": "user", "content": "hi"}] * 100, ["hi"], [None]],
     "stop_token_ids": [[10**9], [-5], [2**63], list(range(2000))],
     "stop": [["x"] * 500, [""], [None], "\x00"],
     "n": [129, 2**31],

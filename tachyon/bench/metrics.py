@@ -27,6 +27,7 @@ class RequestResult:
     output_tokens: int = 0  # what it got (server usage, or tokens counted)
     success: bool = False
     error: str = ""
+    generated_text: str = ""  # what came back (the openai backend; vLLM's result JSON carries it)
 
     @property
     def ttft(self) -> float | None:
@@ -169,10 +170,11 @@ def summarize(results: list[RequestResult], duration: float, percentiles: list[f
 
 
 def per_request_arrays(results: list[RequestResult]) -> dict:
-    """vLLM's per-request lists, seconds as it writes them: input_lens, output_lens, ttfts, itls, errors."""
+    """vLLM's per-request lists, seconds as it writes them: input_lens, output_lens, ttfts, itls,
+    generated_texts, errors."""
     return {"input_lens": [r.prompt_len for r in results], "output_lens": [r.output_tokens for r in results],
             "ttfts": [r.ttft or 0.0 for r in results], "itls": [r.itl for r in results],
-            "errors": [r.error for r in results]}
+            "generated_texts": [r.generated_text for r in results], "errors": [r.error for r in results]}
 
 
 def _count(errors: list[str]) -> dict[str, int]:

@@ -205,6 +205,17 @@ _VLLM_RUN_KEYS = ("duration", "completed", "failed", "total_input_tokens", "tota
                   "max_output_tokens_per_s", "max_concurrent_requests")
 
 
+def metadata_fields(items: list[str] | None) -> dict[str, str]:
+    """vLLM's --metadata KEY=VALUE ...: extra keys of the result JSON."""
+    out = {}
+    for item in items or ():
+        key, eq, value = item.partition("=")
+        if not eq or not key.strip():
+            raise ValueError(f"--metadata {item!r}: give KEY=VALUE")
+        out[key.strip()] = value.strip()
+    return out
+
+
 def vllm_flat_fields(result: dict, args) -> dict:
     """`bench serve`'s one run as the flat keys vLLM's result JSON has (date, backend, model_id, num_prompts,
     request_rate, ..., mean/median/std/pNN of --percentile-metrics), so scripts written for vLLM's results read
@@ -218,12 +229,16 @@ def vllm_flat_fields(result: dict, args) -> dict:
     if unknown:
         raise ValueError(f"--percentile-metrics {unknown}: choose among {', '.join(METRICS)}")
     rate = args.request_rate
-    flat = {"date": result["date"], "backend": run["backend"], "model_id": (run.get("config") or {}).get("model")
+    flat = {"date": result["date"], "endpoint_type": run["backend"], "backend": run["backend"],
+            "label": run.get("label"), "model_id": (run.get("config") or {}).get("model")
             or getattr(args, "served_model_name", None) or getattr(args, "model", None),
             "tokenizer_id": getattr(args, "tokenizer", None) or getattr(args, "model", None),
-            "num_prompts": run["num_requests"], "request_rate": "inf" if math.isinf(rate) else rate,
-            "burstiness": args.burstiness, "max_concurrency": args.max_concurrency}
-    flat.update({k: m[k] for k in _VLLM_RUN_KEYS if k in m})
+            "best_of": 1, "num_prompts": run["num_requests"]}
+    flat.update(metadata_fields(getattr(args, "metadata", None)))
+    flat.update({"request_rate": "inf" if math.isinf(rate) else rate, "burstiness": args.burstiness,
+                 "max_concurrency": args.max_concurrency})
+    # request_goodput is there without --goodput too (null), as vLLM writes it
+    flat.update({k: m.get(k) for k in _VLLM_RUN_KEYS if k in m or k == "request_goodput"})
     for name in selected:
         flat.update({k: v for k, v in m.items() if k.endswith(f"_{name}_ms")})
     flat.update(run.get("per_request", {}))

@@ -24,6 +24,7 @@ Only a fault of the device (a CUDA error: the context is gone) propagates out of
 
 from __future__ import annotations
 
+import bisect
 import logging
 import threading
 from collections import deque
@@ -33,7 +34,7 @@ import torch
 
 from tachyon.config import EngineConfig
 from tachyon.engine.kv_cache import KVCacheManager
-from tachyon.engine.messages import EngineCoreOutput, EngineCoreRequest, EngineStats
+from tachyon.engine.messages import ITERATION_TOKENS_BUCKETS, EngineCoreOutput, EngineCoreRequest, EngineStats
 from tachyon.engine.scheduler import Scheduler
 from tachyon.engine.sequence import Sequence, SequenceGroup, SequenceStatus
 from tachyon.engine.structured_output import GrammarCompiler
@@ -75,6 +76,7 @@ class EngineCore:
         self._lock = threading.Lock()
         self._eos = frozenset(config.model.eos_token_ids)
         self._stats = EngineStats(num_kv_blocks=self.kv.num_blocks, block_size=self.kv.block_size)
+        self._iteration_tokens = [0] * (len(ITERATION_TOKENS_BUCKETS) + 1)  # EngineStats.iteration_tokens_counts
         # requests whose grammar is compiling (in the compiler's thread): they join the scheduler when it is ready
         self._awaiting_grammar: list[tuple[SequenceGroup, Future]] = []
 
@@ -254,8 +256,12 @@ class EngineCore:
         return self._finish_step(sched, result)
 
     def _finish_step(self, sched: SchedulerOutput, result: ModelRunnerOutput | None) -> list[EngineCoreOutput]:
+        if result is not None and result.prompt_logprobs:
+            self._record_prompt_logprobs(result.prompt_logprobs)
         got, failed = self.scheduler.update(sched, result)
         self._stats.num_steps += 1
+        self._iteration_tokens[bisect.bisect_left(ITERATION_TOKENS_BUCKETS, sched.num_tokens)] += 1
+        self._stats.iteration_tokens_sum += sched.num_tokens
         outputs = []
         for seq, tokens, row in got:
             self._stats.generation_tokens += len(tokens)
@@ -264,6 +270,9 @@ class EngineCore:
                                None if lp is None else [result.sampled_logprobs[row]])
             if lp is not None and result.sampled_ranks is not None:
                 out.new_sampled_ranks = [result.sampled_ranks[row]]
+            if (seq.sampling_params.prompt_logprobs is not None and seq.index == 0
+                    and len(seq.token_ids) - len(tokens) == seq.num_prompt_tokens):  # its first output
+                out.prompt_logprobs, out.prompt_ranks = seq.prompt_logprobs, seq.prompt_ranks
             outputs.append(out)
         for seq, e in failed:
             outputs += self._fail(seq.request_id, e)
@@ -273,6 +282,17 @@ class EngineCore:
                 if g is not None and all(s.is_finished for s in g.seqs):
                     del self.groups[seq.request_id]
         return outputs
+
+    @staticmethod
+    def _record_prompt_logprobs(reported: list) -> None:
+        """A step's prompt logprobs onto their sequences, each position once (a prompt recomputed after a
+        preemption reports its positions again)."""
+        for seq, first, entries, ranks in reported:
+            have = len(seq.prompt_logprobs)
+            if seq.is_finished or first > have:
+                continue
+            seq.prompt_logprobs += entries[have - first:]
+            seq.prompt_ranks += ranks[have - first:]
 
     def _output(self, seq: Sequence, tokens: list[int], logprobs=None, sampled=None) -> EngineCoreOutput:
         m = seq.metrics
@@ -318,6 +338,7 @@ class EngineCore:
         s.spec_num_drafts, s.spec_num_draft_tokens = sch.spec_num_drafts, sch.spec_num_draft_tokens
         s.spec_num_accepted_tokens, s.spec_accepted_per_pos = (sch.spec_num_accepted_tokens,
                                                                tuple(sch.spec_accepted_per_pos))
+        s.iteration_tokens_counts = tuple(self._iteration_tokens)
         return EngineStats(*(getattr(s, f) for f in EngineStats.__slots__))
 
     def live_sequences(self) -> list[Sequence]:

@@ -7,6 +7,9 @@ from dataclasses import dataclass
 
 from tachyon.sampling_params import SamplingParams
 
+# upper bounds of the tokens-per-step histogram (vLLM's iteration_tokens_total buckets)
+ITERATION_TOKENS_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
+
 
 @dataclass(slots=True)
 class EngineCoreRequest:
@@ -27,6 +30,10 @@ class EngineCoreOutput:
     new_logprobs: list[dict[int, float]] | None = None
     new_sampled_logprobs: list[float] | None = None
     new_sampled_ranks: list[int] | None = None
+    # prompt_logprobs, with the sequence's first output: per prompt position 1.. {token_id: logprob} and the
+    # prompt token's rank
+    prompt_logprobs: list[dict[int, float]] | None = None
+    prompt_ranks: list[int] | None = None
     finish_reason: str | None = None  # "stop" | "length" | "abort" | "error"
     stop_reason: int | str | None = None
     error: str | None = None
@@ -61,6 +68,10 @@ class EngineStats:
     spec_num_draft_tokens: int = 0
     spec_num_accepted_tokens: int = 0
     spec_accepted_per_pos: tuple[int, ...] = ()
+    # tokens each collected step computed: counts per ITERATION_TOKENS_BUCKETS bound (not cumulative; one more
+    # for larger steps) and their sum
+    iteration_tokens_counts: tuple[int, ...] = (0,) * (len(ITERATION_TOKENS_BUCKETS) + 1)
+    iteration_tokens_sum: int = 0
 
     @property
     def spec_acceptance_rate(self) -> float | None:

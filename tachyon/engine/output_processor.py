@@ -53,6 +53,8 @@ class RequestState:
     stream: bool = True  # an output every step it gets a token; else only when it finishes (or its reader is ready)
     num_cached_tokens: int = 0
     error: str | None = None
+    prompt_logprobs: list[dict[int, float] | None] | None = None
+    prompt_token_ranks: list[int | None] | None = None
 
     @property
     def finished(self) -> bool:
@@ -133,6 +135,9 @@ class OutputProcessor:
             st.num_cached_tokens = o.num_cached_tokens
         if o.error is not None:
             st.error = o.error
+        if o.prompt_logprobs is not None:
+            st.prompt_logprobs = [None, *o.prompt_logprobs]
+            st.prompt_token_ranks = [None, *o.prompt_ranks]
         stopped = False
         sp = st.sampling_params
         for k, token in enumerate(o.new_token_ids):
@@ -209,4 +214,5 @@ class OutputProcessor:
             m.finished_time = max(times) if times else time.monotonic()
         return RequestOutput(request_id=st.request_id, prompt=st.prompt, prompt_token_ids=st.prompt_token_ids,
                              outputs=comps, finished=finished, metrics=m, num_cached_tokens=st.num_cached_tokens,
-                             error=st.error if finished else None)
+                             error=st.error if finished else None, prompt_logprobs=st.prompt_logprobs,
+                             prompt_token_ranks=st.prompt_token_ranks)

@@ -169,7 +169,8 @@ class Scheduler:
                 out.swap_in.extend(kv.swap_in(seq))
                 seq.status = SequenceStatus.PREEMPTED  # its KV is back: no second swap-in if it waits on
             shared: list[int] = []
-            looked_up = seq.num_computed_tokens == 0 and not seq.block_ids
+            # prompt logprobs need logits at every prompt position: such a prompt is computed, not looked up
+            looked_up = seq.num_computed_tokens == 0 and not seq.block_ids and not seq.wants_prompt_logprobs
             if looked_up:
                 shared = kv.find_cached_prefix(seq, count=False)
                 nxt = len(shared)

@@ -56,6 +56,10 @@ class Sequence:
     generator: torch.Generator | None = None
     # structured outputs: tachyon.engine.structured_output.GrammarMatcher, advanced by each token the host learns
     grammar: object | None = None
+    # prompt_logprobs: per prompt position 1.. its {token_id: logprob} (the prompt token and the top-N) and the
+    # prompt token's rank, filled by the engine core as the prefill's steps land (the request's first sequence)
+    prompt_logprobs: list[dict[int, float]] = field(default_factory=list)
+    prompt_ranks: list[int] = field(default_factory=list)
     # n > 1: siblings wait until this sequence's prompt is in the cache, then share its blocks
     pending_forks: list[Sequence] = field(default_factory=list)
 
@@ -80,6 +84,13 @@ class Sequence:
     def num_output_tokens(self) -> int:
         """Output tokens known on the host."""
         return len(self.token_ids) - self.num_prompt_tokens
+
+    @property
+    def wants_prompt_logprobs(self) -> bool:
+        """Whether its steps compute logprobs at prompt positions (the request's first sequence, until it has
+        them all): then its prompt is computed, never taken from the prefix cache."""
+        return (self.sampling_params.prompt_logprobs is not None and self.index == 0
+                and len(self.prompt_logprobs) < self.num_prompt_tokens - 1)
 
     @property
     def num_remaining_tokens(self) -> int:

@@ -30,6 +30,9 @@ def validate_request(cfg: EngineConfig, num_kv_blocks: int, prompt_token_ids: li
     if params.logprobs is not None and params.logprobs > cfg.max_logprobs:
         raise InvalidRequestError(f"logprobs={params.logprobs} is more than the {cfg.max_logprobs} top "
                                   f"logprobs a request may ask for (--max-logprobs)", "logprobs")
+    if params.prompt_logprobs is not None and params.prompt_logprobs > cfg.max_logprobs:
+        raise InvalidRequestError(f"prompt_logprobs={params.prompt_logprobs} is more than the {cfg.max_logprobs} top "
+                                  f"logprobs a request may ask for (--max-logprobs)", "prompt_logprobs")
     bad = [t for t in params.stop_token_ids if not 0 <= t < vocab]
     if bad:
         raise InvalidRequestError(f"stop_token_ids {bad[:5]} are outside the vocabulary [0, {vocab})",

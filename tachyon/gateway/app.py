@@ -7,6 +7,7 @@ One request:
       -> pick the healthy backend with the fewest outstanding requests -> send
            connection fails before the answer's first byte: eject it, try the next one (up to max_attempts)
            429 / 503 from the backend: try the next one; if none is left, that answer goes to the client
+           404 from a backend chosen because it reported the model: re-read its /v1/models, try the next one
       -> stream the answer through, one SSE event at a time, as the backend sends it
       -> access log line, metrics, tokens charged to the key
 
@@ -28,6 +29,7 @@ import uuid
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 
+import aiohttp
 import httpx
 from fastapi import FastAPI
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
@@ -44,10 +46,12 @@ from tachyon.server.errors import error_body
 logger = logging.getLogger("tachyon.gateway")
 access_logger = logging.getLogger("tachyon.gateway.access")
 
+# Requests go to the backends through aiohttp, whose HTTP parser is C: with httpx's pure-Python stack the gateway
+# spent 4.9 ms of CPU per 16-chunk stream, with aiohttp 2.9 (benchmarks/results/gateway_overhead_cpu_nice_*.md).
+# The health checks, a few per second, go through httpx.
 # failures where the backend sent nothing back: safe to send the request elsewhere
-_UNREACHABLE = (httpx.ConnectError, httpx.ConnectTimeout)  # nobody listens there: eject it
-_RETRYABLE = (*_UNREACHABLE, httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError)
-_CLIENT_SHARDS = 8
+_UNREACHABLE = (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError)  # nobody listens there: eject it
+_RETRYABLE = (*_UNREACHABLE, aiohttp.ServerDisconnectedError, aiohttp.ClientOSError)
 _DEFAULT_KEY = KeyConfig(id="-", sha256="0" * 64)  # no keys configured: everyone is "-", without limits
 
 
@@ -148,25 +152,21 @@ class Gateway:
         self.keys = {k.sha256: k for k in config.keys}
         self.limiter = KeyLimiter(buckets or MemoryBuckets())
         self.metrics = GatewayMetrics(self.pools)
-        self.clients: list[httpx.AsyncClient] = []
+        self.session: aiohttp.ClientSession | None = None
+        self.health_client: httpx.AsyncClient | None = None
         self.health: HealthChecker | None = None
-        self._sent = 0
 
     # -- lifecycle --------------------------------------------------------------------------------------------
     async def start(self) -> None:
         c = self.config
-        # Several clients, requests spread over them: httpcore's pool scans every connection it holds for each
-        # request it places, so one pool of 64+ connections cost ~2.5 ms of CPU per request (cProfile, 64 streams).
-        tls = httpx.create_ssl_context()  # one for all: making each costs ~0.2 s
-        self.clients = [httpx.AsyncClient(
-            verify=tls,
-            timeout=httpx.Timeout(connect=c.connect_timeout_s, read=c.read_timeout_s, write=c.read_timeout_s,
-                                  pool=None),
+        tls = httpx.create_ssl_context()  # one for both: making one costs ~0.2 s
+        self.session = aiohttp.ClientSession(
             # idle connections are dropped before uvicorn's 5 s keep-alive timeout closes them under a request
-            limits=httpx.Limits(max_connections=None, max_keepalive_connections=256, keepalive_expiry=4.0))
-            for _ in range(_CLIENT_SHARDS)]
+            connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=4.0, ssl=tls),
+            timeout=aiohttp.ClientTimeout(total=None, sock_connect=c.connect_timeout_s, sock_read=c.read_timeout_s))
+        self.health_client = httpx.AsyncClient(verify=tls)
         hc = c.health_check
-        self.health = HealthChecker(self.pools, self.clients[0], hc.path, hc.interval_s, hc.ejected_interval_s,
+        self.health = HealthChecker(self.pools, self.health_client, hc.path, hc.interval_s, hc.ejected_interval_s,
                                     hc.timeout_s)
         await self.health.probe_all()  # route from the first request on with what the backends say
 
@@ -199,8 +199,8 @@ class Gateway:
                 "keys": len(config.keys)}
 
     async def stop(self) -> None:
-        for client in self.clients:
-            await client.aclose()
+        await self.session.close()
+        await self.health_client.aclose()
         await self.limiter.buckets.close()
 
     # -- one request ------------------------------------------------------------------------------------------
@@ -275,11 +275,9 @@ class Gateway:
                 backend.outstanding += 1
                 headers = {"content-type": "application/json", "x-request-id": rec.request_id,
                            **auth_headers(backend)}
-                self._sent += 1
-                client = self.clients[self._sent % len(self.clients)]
-                req = client.build_request("POST", backend.url + path, content=payload, headers=headers)
                 try:
-                    resp = await client.send(req, stream=True)
+                    resp = await self.session.post(backend.url + path, data=payload, headers=headers,
+                                                   allow_redirects=False)
                 except _RETRYABLE as e:
                     backend.outstanding -= 1
                     self.metrics.retries.labels(pool.name, backend.id).inc()
@@ -292,19 +290,28 @@ class Gateway:
                         reused_once = True
                         tried.discard(backend)
                     continue
-                except httpx.HTTPError as e:  # a timeout after the request went out: it may be running there
+                except (aiohttp.ClientError, asyncio.TimeoutError) as e:  # after the request went out: it may run
                     backend.outstanding -= 1
-                    rec.status = 504 if isinstance(e, httpx.TimeoutException) else 502
+                    rec.status = 504 if isinstance(e, asyncio.TimeoutError) else 502
                     self._finish(rec)
                     return _error(rec.status, f"backend {backend.id} failed: {e!r}")
-                if resp.status_code in (429, 503):
-                    content = await resp.aread()
-                    await resp.aclose()
-                    backend.outstanding -= 1
-                    if resp.status_code == 503:
+                # 404 where the backends' own /v1/models chose them: the model left that backend since its last
+                # probe (unloaded, swapped): read its list again now, and try the others that report the model
+                stale = resp.status == 404 and decision.route == "reported"
+                if resp.status in (429, 503) or stale:
+                    try:
+                        content = await resp.read()
+                    except (aiohttp.ClientError, asyncio.TimeoutError):
+                        content = b""
+                    finally:
+                        resp.close()
+                        backend.outstanding -= 1
+                    if resp.status == 503:
                         backend.eject("answered 503")
-                    last_answer = (resp.status_code, content, resp.headers.get("content-type", "application/json"))
-                    failures.append(f"{backend.id}: {resp.status_code}")
+                    if stale:
+                        await self.health.probe(backend)
+                    last_answer = (resp.status, content, resp.headers.get("content-type", "application/json"))
+                    failures.append(f"{backend.id}: {resp.status}")
                     continue
                 return await self._answer(rec, backend, resp, drop_usage_chunk)
         if last_answer is not None:
@@ -319,45 +326,46 @@ class Gateway:
         return _error(503, f"no healthy backend in pool {names}; the gateway probes them every "
                            f"{self.config.health_check.interval_s:g} s")
 
-    async def _answer(self, rec: _Record, backend: Backend, resp: httpx.Response, drop_usage_chunk: bool) -> Response:
-        rec.status = resp.status_code
+    async def _answer(self, rec: _Record, backend: Backend, resp: aiohttp.ClientResponse,
+                      drop_usage_chunk: bool) -> Response:
+        rec.status = resp.status
         headers = {"x-request-id": rec.request_id, "x-gateway-backend": backend.id}
         media_type = resp.headers.get("content-type", "application/json")
-        if not (rec.stream and resp.status_code == 200):
+        if not (rec.stream and resp.status == 200):
             try:
-                content = await resp.aread()
-            except httpx.HTTPError as e:
+                content = await resp.read()
+            except (aiohttp.ClientError, asyncio.TimeoutError) as e:
                 rec.status = 502
                 backend.eject(repr(e))
                 return _error(502, f"backend {backend.id} failed mid-answer: {e!r}")
             finally:
-                await resp.aclose()
+                resp.close()
                 backend.outstanding -= 1
             rec.ttft = time.monotonic() - rec.arrival
-            if resp.status_code == 200:
+            if resp.status == 200:
                 with contextlib.suppress(ValueError, AttributeError):
                     rec.usage = json.loads(content).get("usage") or {}
             await self._charge_and_finish(rec)
-            return Response(content, status_code=resp.status_code, media_type=media_type, headers=headers)
+            return Response(content, status_code=resp.status, media_type=media_type, headers=headers)
 
         sse = SSEUsage(drop_usage_chunk)
 
         async def events():
             try:
-                async for chunk in resp.aiter_raw():
+                async for chunk in resp.content.iter_any():
                     if rec.ttft is None:
                         rec.ttft = time.monotonic() - rec.arrival
                     out = sse.feed(chunk)
                     if out:
                         yield out
                 yield sse.rest()
-            except httpx.HTTPError as e:  # the backend died mid-stream: the client gets an error event, not a hang
+            except (aiohttp.ClientError, asyncio.TimeoutError) as e:  # the backend died mid-stream: an error event
                 rec.status = 502
                 backend.eject(repr(e))
                 yield (b"data: " + json.dumps(error_body(502, f"backend {backend.id} failed mid-stream: {e!r}"))
                        .encode() + b"\n\ndata: [DONE]\n\n")
             finally:
-                await resp.aclose()
+                resp.close()  # a client that left mid-stream: the backend sees its connection close, and aborts
                 backend.outstanding -= 1
                 rec.usage = sse.usage or {}
                 await self._charge_and_finish(rec)

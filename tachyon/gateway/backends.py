@@ -71,13 +71,19 @@ def auth_headers(backend: Backend) -> dict[str, str]:
     return {"Authorization": f"Bearer {backend.api_key}"} if backend.api_key else {}
 
 
-def _model_ids(body: dict) -> dict[str, str]:
+def model_ids(body: dict) -> dict[str, str]:
+    """A name clients may send -> the name the backend is sent. A card {"id": "smol", "version": "v2"} is reached
+    as smol and smol@v2; smol@v2 is sent as smol to any OpenAI server, and as smol@v2 to a Tachyon one (its cards
+    are owned_by "tachyon"), which then answers from v2 or, once v2 is gone, 404. A Tachyon card of a version that
+    is not its name's default carries the version in its id (smol@v3)."""
     ids = {}
     for card in body.get("data") or ():
         if isinstance(card, dict) and isinstance(card.get("id"), str):
             ids[card["id"]] = card["id"]
-            if card.get("version"):
-                ids[f"{card['id']}@{card['version']}"] = card["id"]
+            version = card.get("version")
+            if version and not card["id"].endswith(f"@{version}"):
+                versioned = f"{card['id']}@{version}"
+                ids[versioned] = versioned if card.get("owned_by") == "tachyon" else card["id"]
     return ids
 
 
@@ -99,7 +105,7 @@ class HealthChecker:
                 return
             m = await self.client.get(b.url + "/v1/models", headers=auth_headers(b), timeout=self.timeout_s)
             if m.status_code == 200:
-                b.models = _model_ids(m.json())
+                b.models = model_ids(m.json())
         except (httpx.HTTPError, ValueError) as e:
             b.eject(f"{self.path} probe failed: {e!r}")
             return

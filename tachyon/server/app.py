@@ -2,7 +2,8 @@
 
 `create_app(async_engine, model_name)` builds it; the app's lifespan starts the engine loop and, on shutdown,
 stops taking requests and aborts whatever is still running (uvicorn has already let in-flight requests
-finish for its graceful-shutdown timeout).
+finish for its graceful-shutdown timeout). With an admin key and a model loader, `/admin/models/...` loads,
+unloads and swaps models at run time (tachyon.server.models): each request goes to the model it names.
 
 Hostile or broken input is answered before it costs anything: a missing key (401), a body over the limit
 (413, from its Content-Length before a byte is read, or as soon as a chunked body passes it), a body that is
@@ -16,8 +17,7 @@ import hashlib
 import hmac
 import logging
 import os
-import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
@@ -34,6 +34,15 @@ from tachyon.server.errors import APIError, error_body, from_validation_error
 from tachyon.server.frontend import FrontendOptions, log_stats_forever
 from tachyon.server.frontend_routes import add_frontend_middleware, add_tokenizer_routes, model_permission
 from tachyon.server.metrics import ServerMetrics
+from tachyon.server.models import (
+    Loader,
+    LoadModelRequest,
+    MergedMetrics,
+    ModelRegistry,
+    ServedModel,
+    SwapModelRequest,
+    UnloadModelRequest,
+)
 from tachyon.server.protocol import ChatCompletionRequest, CompletionRequest
 from tachyon.server.serving import OpenAIServing
 
@@ -156,24 +165,42 @@ def create_app(async_engine: AsyncEngine, model_name: str | Sequence[str], api_k
                model_path: str | None = None, *, max_request_body_bytes: int | None = 16 * 2**20,
                metrics_require_api_key: bool = False, request_timeout: float | None = None,
                model_version: str | None = None, frontend: FrontendOptions | None = None,
-               tool_call_parser: str | None = None) -> FastAPI:
+               tool_call_parser: str | None = None, admin_api_key: str | None = None,
+               model_loader: Loader | None = None,
+               derive_names: Callable[[str], list[str]] | None = None) -> FastAPI:
     """`model_name`: the name clients send, or several (the first is the one responses carry).
     `api_key`: one key or several (default: $TACHYON_API_KEY, comma-separated); with any, /v1 routes and the
     API docs need one, and /metrics too if `metrics_require_api_key`. `max_request_body_bytes=None`: no limit.
     `request_timeout`: seconds from arrival after which a request is aborted (None: no limit). `model_version`: shown
     in the model card, so a gateway can route NAME@VERSION to this server.
     `frontend`: chat template, response role, default sampling values, CORS, logging, metric names.
-    `tool_call_parser`: the format tool_choice "auto" reads (tachyon.server.tool_parsers)."""
+    `tool_call_parser`: the format tool_choice "auto" reads (tachyon.server.tool_parsers).
+    `admin_api_key`: turns on /admin/models/{load,unload,swap} (Authorization: Bearer ADMIN_KEY); `model_loader`
+    builds the engine of a checkpoint for them, `derive_names` the names of a checkpoint loaded without any."""
     api_keys = _api_keys(api_key)
     names = [model_name] if isinstance(model_name, str) else list(model_name)
     model_name = names[0]
     frontend = frontend or FrontendOptions()
-    serving = OpenAIServing(async_engine, names, request_timeout=request_timeout, options=frontend,
-                            tool_call_parser=tool_call_parser)
-    metrics = ServerMetrics(async_engine.engine, model_name, frontend.metrics_prefix)
-    async_engine.on_step = metrics.on_step
-    serving.on_admit = metrics.on_admit
-    created = int(time.time())
+
+    def make_model(engine: AsyncEngine, options: FrontendOptions, names: list[str], version: str | None,
+                   root: str | None, metrics_label: str | None = None) -> ServedModel:
+        keys = [f"{n}@{version}" for n in names] if version else []
+        serving = OpenAIServing(engine, names + keys, request_timeout=request_timeout, options=options,
+                                tool_call_parser=tool_call_parser)
+        metrics = ServerMetrics(engine.engine, metrics_label or (keys or names)[0], options.metrics_prefix)
+        engine.on_step = metrics.on_step
+        serving.on_admit = metrics.on_admit
+        return ServedModel(names, version, root, engine, serving, metrics)
+
+    first = make_model(async_engine, frontend, names, model_version, model_path, metrics_label=model_name)
+    serving, metrics = first.serving, first.metrics
+    models = ModelRegistry(make_model, model_loader, derive_names or (lambda m: [m]))
+    models.add(first)
+    http_family = {f"{metrics.prefix}:http_requests"}
+    # the first model's registry also counts HTTP requests (the gate's counter): kept once the model is gone
+    exposition = MergedMetrics(lambda: [(m.metrics.registry, None) for m in models.models]
+                               + [(metrics.registry, None if first in models.models else http_family)])
+    admin_digest = hashlib.sha256(admin_api_key.encode()).digest() if admin_api_key else None
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -184,15 +211,17 @@ def create_app(async_engine: AsyncEngine, model_name: str | Sequence[str], api_k
         yield
         if stats_task is not None:
             stats_task.cancel()
-        serving.draining = True
-        await asyncio.to_thread(async_engine.shutdown)  # aborts what is left, ends its streams
+        models.begin_shutdown()
+        for m in models.everything():
+            await asyncio.to_thread(m.async_engine.shutdown)  # aborts what is left, ends its streams
         logger.info("engine stopped")
 
     app = FastAPI(title="Tachyon", version=tachyon.__version__, lifespan=lifespan)
     app.state.async_engine = async_engine
     app.state.engine = async_engine.engine
-    app.state.serving = serving
+    app.state.serving = serving  # the first model's (the one the server started with)
     app.state.metrics = metrics
+    app.state.models = models
     docs = {app.docs_url, app.redoc_url, app.openapi_url, app.swagger_ui_oauth2_redirect_url} - {None}
     keyed_paths = frozenset(docs | ({"/metrics"} if metrics_require_api_key else set()))
     app.add_middleware(_Gate, api_keys=api_keys, keyed_paths=keyed_paths, max_body_bytes=max_request_body_bytes,
@@ -242,35 +271,76 @@ def create_app(async_engine: AsyncEngine, model_name: str | Sequence[str], api_k
     # -- OpenAI routes --------------------------------------------------------------------------------------
     @app.post("/v1/completions")
     async def completions(request: Request):
-        return await serving.completions(await parse(request, CompletionRequest), request)
+        req = await parse(request, CompletionRequest)
+        with models.use(req.model) as m:
+            return await m.serving.completions(req, request)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request):
-        return await serving.chat(await parse(request, ChatCompletionRequest), request)
+        req = await parse(request, ChatCompletionRequest)
+        with models.use(req.model) as m:
+            return await m.serving.chat(req, request)
 
-    def model_card(name: str) -> dict:  # vLLM's ModelCard fields
-        return {"id": name, "object": "model", "created": created, "owned_by": "tachyon",
-                "root": model_path or model_name, "parent": None,
-                "max_model_len": async_engine.engine.config.scheduler.max_model_len,
-                "permission": [model_permission(name, created)],
-                **({"version": model_version} if model_version else {})}
+    def model_card(name: str, m: ServedModel) -> dict:  # vLLM's ModelCard fields
+        return {"id": name, "object": "model", "created": m.created, "owned_by": "tachyon",
+                "root": m.root or m.names[0], "parent": None,
+                "max_model_len": m.async_engine.engine.config.scheduler.max_model_len,
+                "permission": [model_permission(name, m.created)],
+                **({"version": m.version} if m.version else {})}
 
     @app.get("/v1/models")
-    async def models():
-        return {"object": "list", "data": [model_card(name) for name in names]}
+    async def list_models():
+        # NAME for a name's default version, NAME@VERSION for the others (a gateway reads both)
+        cards = [model_card(n if models.defaults.get(n) is m else k, m)
+                 for m in models.models for n, k in zip(m.names, m.keys, strict=True)]
+        return {"object": "list", "data": cards}
 
     @app.get("/v1/models/{model:path}")
     async def model(model: str):
-        serving.check_model(model)
-        return model_card(model)
+        return model_card(model, models.resolve(model))
 
-    add_tokenizer_routes(app, serving, parse)
+    add_tokenizer_routes(app, lambda name: models.resolve(name).serving, parse)
+
+    # -- model management -------------------------------------------------------------------------------------
+    def admin(request: Request) -> JSONResponse | None:
+        """The refusal of a request without the admin key, or None."""
+        if admin_digest is None:
+            return JSONResponse(error_body(404, "the admin API is off: start the server with --admin-api-key "
+                                                "(or $TACHYON_ADMIN_KEY)"), status_code=404)
+        scheme, _, key = request.headers.get("authorization", "").partition(" ")
+        if scheme.lower() != "bearer" or not key.strip():
+            return JSONResponse(error_body(401, "the admin API needs the header 'Authorization: Bearer ADMIN_KEY' "
+                                                "(--admin-api-key)"),
+                                status_code=401, headers={"WWW-Authenticate": "Bearer"})
+        if not hmac.compare_digest(hashlib.sha256(key.strip().encode()).digest(), admin_digest):
+            return JSONResponse(error_body(403, "this key may not use the admin API: send the admin key "
+                                                "(--admin-api-key)"), status_code=403)
+        return None
+
+    @app.get("/admin/models")
+    async def admin_models(request: Request):
+        refusal = admin(request)
+        return refusal or {"data": [m.describe(models.default_for(m)) for m in models.everything()]}
+
+    @app.post("/admin/models/load")
+    async def admin_load(request: Request):
+        return admin(request) or await models.load(await parse(request, LoadModelRequest))
+
+    @app.post("/admin/models/unload")
+    async def admin_unload(request: Request):
+        return admin(request) or await models.unload(await parse(request, UnloadModelRequest))
+
+    @app.post("/admin/models/swap")
+    async def admin_swap(request: Request):
+        return admin(request) or await models.swap(await parse(request, SwapModelRequest))
 
     # -- operations -----------------------------------------------------------------------------------------
     @app.get("/health")
     async def health():
-        if not async_engine.is_running or serving.draining:
-            reason = "shutting down" if serving.draining else f"the engine is not running ({async_engine.error!r})"
+        dead = next((m for m in models.models if not m.async_engine.is_running), None)
+        if dead is not None or models.draining or serving.draining:
+            reason = ("shutting down" if models.draining or serving.draining
+                      else f"the engine of {dead.label} is not running ({dead.async_engine.error!r})")
             return JSONResponse(error_body(503, reason), status_code=503)
         return {"status": "ok"}
 
@@ -285,6 +355,6 @@ def create_app(async_engine: AsyncEngine, model_name: str | Sequence[str], api_k
 
     @app.get("/metrics")
     async def prometheus():
-        return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
+        return Response(generate_latest(exposition.registry), media_type=CONTENT_TYPE_LATEST)
 
     return app

@@ -50,7 +50,12 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
                    help="the model names clients may send; the first is the one responses carry (default: the "
                         "model's Hub id or path basename)")
     g.add_argument("--model-version", default=None,
-                   help="a version shown in /v1/models' card ('version'): a gateway then routes NAME@VERSION here")
+                   help="a version shown in /v1/models' card ('version'): clients and a gateway may then send "
+                        "NAME@VERSION")
+    g.add_argument("--admin-api-key", default=None, metavar="KEY",
+                   help="turn on the admin API (Authorization: Bearer KEY): POST /admin/models/load, /unload and "
+                        "/swap load, unload and swap model versions at run time, GET /admin/models lists them "
+                        "(default: $TACHYON_ADMIN_KEY; neither: no admin API)")
     g.add_argument("--chat-template", default=None,
                    help="a Jinja chat template, as a file path or the template itself, used instead of the "
                         "tokenizer's")
@@ -63,11 +68,15 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--tool-call-parser", default=None, choices=["hermes", "llama3_json", "mistral"],
                    help="how tool_choice \"auto\" reads the model's tool calls (vLLM's names); without it, only "
                         "tool_choice \"required\" or a named function (enforced by a grammar) call tools")
+    g.add_argument("--enable-auto-tool-choice", action="store_true",
+                   help="vLLM's: tool_choice \"auto\" (it needs --tool-call-parser, which alone turns it on here)")
     g.add_argument("--engine-process", action=argparse.BooleanOptionalAction, default=True,
                    help="run the engine core in its own process, so HTTP, tokenization and streaming never hold "
                         "it back (--no-engine-process: one process, for debugging)")
     g.add_argument("--enable-log-requests", action="store_true",
                    help="log each request as it arrives (id, prompt length, sampling parameters) and when it ends")
+    g.add_argument("--disable-log-requests", action="store_true",
+                   help="vLLM's older flag: requests are not logged (the default here)")
     g.add_argument("--log-stats-interval", type=float, default=10.0,
                    help="seconds between the throughput/queue log lines (see --disable-log-stats)")
     g.add_argument("--metrics-prefix", default="tachyon", choices=["tachyon", "vllm"],
@@ -127,39 +136,66 @@ def load_chat_template(value: str | None) -> str | None:
     return value.encode().decode("unicode_escape") if "\\n" in value else value
 
 
+def model_loader(engine_args, frontend, engine_process: bool = True, max_queued_requests: int | None = None):
+    """What builds a model's engine when the server starts and when the admin API loads one: the checkpoint in,
+    (AsyncEngine, its front-end options) out. The engine flags are the server's; the checkpoint brings its own
+    tokenizer and default sampling values (generation_config.json)."""
+    import dataclasses
+
+    from tachyon.build import build_engine, build_engine_client, default_sampling_values
+    from tachyon.engine.async_engine import AsyncEngine
+
+    def load(model: str | None, tokenizer: str | None = None):
+        args = dataclasses.replace(engine_args, model=model, tokenizer=tokenizer)
+        defaults = default_sampling_values(args)
+        if defaults:
+            logger.info("default sampling values of %s from its generation_config.json (--generation-config "
+                        "vllm: none): %s", model or "the embedded model", defaults)
+        engine = build_engine_client(args) if engine_process else build_engine(args)
+        return (AsyncEngine(engine, max_queued_requests=max_queued_requests),
+                dataclasses.replace(frontend, default_sampling=defaults))
+
+    return load
+
+
+def admin_api_key(args: argparse.Namespace) -> str | None:
+    return args.admin_api_key or os.environ.get("TACHYON_ADMIN_KEY") or None
+
+
 def build_app(args: argparse.Namespace):
     """The engine (from the engine flags) and the app around it."""
-    from tachyon.build import build_engine, build_engine_client, build_runner, default_sampling_values
+    from tachyon.build import build_runner
     from tachyon.distributed import launcher_rank
-    from tachyon.engine.async_engine import AsyncEngine
     from tachyon.engine_args import EngineArgs
     from tachyon.server.app import create_app
     from tachyon.server.frontend import FrontendOptions
 
+    if args.enable_auto_tool_choice and args.tool_call_parser is None:
+        raise ValueError("--enable-auto-tool-choice needs --tool-call-parser (hermes, llama3_json or mistral): "
+                         "the format the model writes its tool calls in")
+    if args.disable_log_requests and args.enable_log_requests:
+        raise ValueError("--disable-log-requests and --enable-log-requests contradict each other: give one")
     resolve_serve_model(args)
     engine_args = EngineArgs.from_cli_args(args)
     if launcher_rank(engine_args) > 0:  # torchrun's other ranks: no server, they serve rank 0's steps and exit
         build_runner(engine_args)
     chat_template = load_chat_template(args.chat_template)
-    defaults = default_sampling_values(engine_args)
-    if defaults:
-        logger.info("default sampling values from the model's generation_config.json (--generation-config "
-                    "vllm: none): %s", defaults)
-    engine = build_engine_client(engine_args) if args.engine_process else build_engine(engine_args)
-    async_engine = AsyncEngine(engine, max_queued_requests=args.max_queued_requests)
     body_mb = args.max_request_body_mb
     frontend = FrontendOptions(
-        chat_template=chat_template, response_role=args.response_role, default_sampling=defaults,
+        chat_template=chat_template, response_role=args.response_role,
         enable_log_requests=args.enable_log_requests,
         log_stats_interval=None if engine_args.disable_log_stats else args.log_stats_interval,
         allowed_origins=args.allowed_origins, allowed_methods=args.allowed_methods,
         allowed_headers=args.allowed_headers, allow_credentials=args.allow_credentials,
         metrics_prefix=args.metrics_prefix)
+    load = model_loader(engine_args, frontend, args.engine_process, args.max_queued_requests)
+    async_engine, frontend = load(engine_args.model, engine_args.tokenizer)
     return create_app(async_engine, served_model_names(args.model, args.served_model_name), api_key=args.api_key,
                       model_path=args.model,
                       max_request_body_bytes=None if math.isinf(body_mb) else int(body_mb * 2**20),
                       metrics_require_api_key=args.metrics_require_api_key, request_timeout=args.request_timeout,
-                      model_version=args.model_version, frontend=frontend, tool_call_parser=args.tool_call_parser)
+                      model_version=args.model_version, frontend=frontend, tool_call_parser=args.tool_call_parser,
+                      admin_api_key=admin_api_key(args), model_loader=load, derive_names=served_model_names)
 
 
 def run_server(args: argparse.Namespace) -> int:
@@ -176,16 +212,16 @@ def run_server(args: argparse.Namespace) -> int:
             raise ValueError(f"{flag}={value}: it must be > 0")
     app = build_app(args)
 
-    serving = app.state.serving
+    models = app.state.models
 
     class Server(uvicorn.Server):
         """On SIGTERM: no new requests; running ones get --shutdown-timeout seconds, then are aborted (their
         streams end with finish_reason "abort" and [DONE]); uvicorn's own timeout is only the backstop."""
 
         def handle_exit(self, sig, frame) -> None:
-            if not serving.draining:
-                serving.draining = True  # new requests on open connections get 503 from now on
-                timer = threading.Timer(args.shutdown_timeout, serving.abort_all)
+            if not models.draining:
+                models.begin_shutdown()  # new requests on open connections get 503 from now on
+                timer = threading.Timer(args.shutdown_timeout, models.abort_all)
                 timer.daemon = True
                 timer.start()
             super().handle_exit(sig, frame)

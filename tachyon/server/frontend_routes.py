@@ -49,9 +49,10 @@ def model_permission(name: str, created: int) -> dict:
             "group": None, "is_blocking": False}
 
 
-def add_tokenizer_routes(app, serving, parse) -> None:
-    """POST /tokenize (a prompt, or messages through the chat template) and POST /detokenize, as vLLM has them."""
-    def tokenizer():
+def add_tokenizer_routes(app, serving_for, parse) -> None:
+    """POST /tokenize (a prompt, or messages through the chat template) and POST /detokenize, as vLLM has them.
+    `serving_for(model)`: the OpenAIServing of the model a request names (404 if none)."""
+    def tokenizer(serving):
         if serving.tokenizer is None:
             raise APIError(400, "this model has no tokenizer")
         return serving.tokenizer
@@ -63,24 +64,26 @@ def add_tokenizer_routes(app, serving, parse) -> None:
         except (ValueError, TypeError):
             chat = False  # not a JSON object: parse() says what is wrong with it
         req = await parse(request, TokenizeChatRequest if chat else TokenizeCompletionRequest)
+        serving = serving_for(req.model)
         serving.check_model(req.model)
         if chat:
             ids = serving._apply_chat_template(req)
         else:
-            ids = tokenizer().encode(req.prompt, add_special_tokens=req.add_special_tokens)
-        strs = tokenizer().convert_ids_to_tokens(ids) if req.return_token_strs else None
+            ids = tokenizer(serving).encode(req.prompt, add_special_tokens=req.add_special_tokens)
+        strs = tokenizer(serving).convert_ids_to_tokens(ids) if req.return_token_strs else None
         return {"count": len(ids), "max_model_len": serving.engine.config.scheduler.max_model_len, "tokens": ids,
                 "token_strs": strs}
 
     @app.post("/detokenize")
     async def detokenize(request: Request):
         req = await parse(request, DetokenizeRequest)
+        serving = serving_for(req.model)
         serving.check_model(req.model)
         vocab = serving.engine.config.model.vocab_size
         bad = next((t for t in req.tokens if not 0 <= t < vocab), None)
         if bad is not None:
             raise APIError(400, f"token id {bad} is outside the vocabulary [0, {vocab})", "tokens")
-        return {"prompt": tokenizer().decode(req.tokens)}
+        return {"prompt": tokenizer(serving).decode(req.tokens)}
 
 
 def add_frontend_middleware(app, options: FrontendOptions) -> None:

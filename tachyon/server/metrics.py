@@ -16,8 +16,9 @@ import time
 from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 
+from tachyon.engine.messages import ITERATION_TOKENS_BUCKETS
 from tachyon.outputs import RequestOutput
 from tachyon.server.gpu_metrics import GPUCollector, open_nvml
 
@@ -93,6 +94,14 @@ class EngineCollector:
         for pos, n in enumerate(st.spec_accepted_per_pos):
             per_pos.add_metric([self.model_name, str(pos)], n)
         yield per_pos
+        steps = HistogramMetricFamily(f"{self.prefix}:iteration_tokens_total", "Tokens each engine step computed "
+                                      "(prefill chunks, decodes and verified proposals of the batch).", labels=m)
+        cumulative, buckets = 0, []
+        for bound, count in zip((*ITERATION_TOKENS_BUCKETS, "+Inf"), st.iteration_tokens_counts, strict=True):
+            cumulative += count
+            buckets.append((str(float(bound)) if bound != "+Inf" else bound, cumulative))
+        steps.add_metric([self.model_name], buckets, sum_value=st.iteration_tokens_sum)
+        yield steps
         if self.prefix == "vllm":  # the older name vLLM's published Grafana dashboard still reads
             yield self._one(GaugeMetricFamily("vllm:gpu_cache_usage_perc", "Fraction of KV-cache blocks in use "
                                               "(kv_cache_usage_perc's older name).", labels=m), st.kv_cache_usage)

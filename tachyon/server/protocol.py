@@ -7,7 +7,7 @@ so the offline API and the server give the same messages.
 Three rules about fields, as OpenAI's API has them:
   * `null` means "not given": the field's default (`max_tokens: null` on completions is 16).
   * A field nobody here knows is a 400 naming it (OpenAI: "Unrecognized request argument"), and so is a
-    known field whose meaning is not implemented (`functions`, `logit_bias`, ...): a silent 200 would answer
+    known field whose meaning is not implemented (`functions`, `use_beam_search`, ...): a silent 200 would answer
     a different question than the one asked.
   * Fields that change nothing about the answer (`user`, `metadata`, `store`, ...) are accepted and ignored.
 """
@@ -25,7 +25,6 @@ UNSUPPORTED = {
     "json_schema": "json_schema belongs inside response_format: {\"type\": \"json_schema\", \"json_schema\": ...}",
     "functions": "function calling is not supported yet",
     "function_call": "function calling is not supported yet",
-    "prompt_logprobs": "prompt logprobs are not supported",
     "logits_processors": "logits processors are not supported",
     "use_beam_search": "beam search is not supported",
     "length_penalty": "length_penalty (beam search) is not supported",
@@ -94,6 +93,7 @@ class _SamplingFields(_Strict):
     logit_bias: dict[str, float] | None = None  # token id (as a string, as OpenAI sends it) -> bias
     allowed_token_ids: list[int] | None = None  # vLLM's
     bad_words: list[str] | None = None  # vLLM's
+    prompt_logprobs: int | None = None  # vLLM's: top-N logprobs at each prompt position (not with stream)
     response_format: dict[str, Any] | None = None  # text, json_object, json_schema (tachyon.server.structured)
     structured_outputs: StructuredOutputs | None = None
     guided_json: dict[str, Any] | str | None = None

@@ -28,8 +28,9 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 import tachyon
 from tachyon.engine.async_engine import AsyncEngine, EngineDeadError, QueueFullError
 from tachyon.engine.chat import encode_chat
-from tachyon.outputs import CompletionOutput, RequestOutput
+from tachyon.outputs import CompletionOutput, RequestOutput, logprob_ranks
 from tachyon.sampling_params import SamplingParams, StructuredOutputsParams
+from tachyon.server.batch_encode import BatchEncoder
 from tachyon.server.chat_extras import check_template_flags, echo_prefix, message_text
 from tachyon.server.errors import APIError, error_body, from_value_error
 from tachyon.server.frontend import FrontendOptions
@@ -146,19 +147,22 @@ class OpenAIServing:
             self.engine.abort_request(request_id)  # the loop is stepping while requests are live: no wake
 
     def _sampling_params(self, req, max_tokens: int | None, logprobs: int | None,
-                         names: dict[str, str] | None = None,
-                         structured: StructuredOutputsParams | None = None) -> SamplingParams:
+                         names: dict[str, str] | None = None, structured: StructuredOutputsParams | None = None,
+                         prompt_logprobs: int | None = None) -> SamplingParams:
         if req.best_of is not None and req.best_of != req.n:
             raise APIError(400, "best_of other than n is not supported", "best_of")
         if req.stream_options is not None and not req.stream:
             raise APIError(400, "stream_options is only allowed when stream is true", "stream_options")
+        if req.stream and req.prompt_logprobs:  # vLLM's words
+            raise APIError(400, "`prompt_logprobs` are not available when `stream=True`.", "prompt_logprobs")
         try:
             values = dict(
                 n=req.n, temperature=req.temperature, top_p=req.top_p, top_k=req.top_k, min_p=req.min_p,
                 repetition_penalty=req.repetition_penalty, presence_penalty=req.presence_penalty,
                 frequency_penalty=req.frequency_penalty, seed=req.seed, stop=req.stop,
                 stop_token_ids=req.stop_token_ids, ignore_eos=req.ignore_eos, max_tokens=max_tokens,
-                min_tokens=req.min_tokens, logprobs=logprobs, skip_special_tokens=req.skip_special_tokens,
+                min_tokens=req.min_tokens, logprobs=logprobs, prompt_logprobs=prompt_logprobs,
+                skip_special_tokens=req.skip_special_tokens,
                 include_stop_str_in_output=req.include_stop_str_in_output, structured_outputs=structured)
             values.update(logit_bias=token_id_keys(req.logit_bias), allowed_token_ids=req.allowed_token_ids,
                           bad_words=req.bad_words)
@@ -168,14 +172,17 @@ class OpenAIServing:
         except ValueError as e:
             raise from_value_error(e, names) from None
 
-    def _encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+    def _check_text(self, text: str) -> None:
         if self.tokenizer is None:
             raise APIError(400, "this model has no tokenizer: send the prompt as a list of token ids", "prompt")
         if len(text) > self._max_prompt_chars:  # surely over the context: refuse it without tokenizing it
             raise APIError(400, f"the prompt has {len(text)} characters, more than this model's context of "
                                 f"{self.engine.config.scheduler.max_model_len} tokens can hold: shorten the prompt",
                            "prompt")
-        return self.tokenizer.encode(text, add_special_tokens=add_special_tokens)
+
+    @functools.cached_property
+    def _batch_encoder(self) -> BatchEncoder:
+        return BatchEncoder(self.tokenizer)
 
     @functools.cached_property
     def _max_prompt_chars(self) -> int:
@@ -207,29 +214,27 @@ class OpenAIServing:
         self.check_model(req.model)
         if req.suffix:
             raise APIError(400, "suffix is not supported", "suffix")
-        if req.echo and req.logprobs is not None:
-            raise APIError(400, "echo with logprobs is not supported (no prompt logprobs)", "echo")
         spec, spec_field = structured_spec(req)
-        params = self._sampling_params(req, req.max_tokens, req.logprobs, structured=spec)
+        # echo with logprobs: the echoed prompt's tokens carry their logprobs too (vLLM's rule)
+        prompt_logprobs = req.logprobs if req.echo and req.prompt_logprobs is None else req.prompt_logprobs
+        params = self._sampling_params(req, req.max_tokens, req.logprobs, structured=spec,
+                                       prompt_logprobs=prompt_logprobs)
         if spec is not None:
             await compile_off_loop(self.engine.grammars, spec, spec_field)
-        p = req.prompt
-        texts = [p] if isinstance(p, str) else [x for x in p if isinstance(x, str)]
-        if sum(len(t) for t in texts) >= _OFF_LOOP_CHARS:  # a long text tokenizes in a thread: /health answers
-            prompts = await asyncio.to_thread(self._completion_prompts, req)
-        else:
-            prompts = self._completion_prompts(req)
+        prompts = await self._completion_prompts(req)
         job = _Job("completion", f"cmpl-{uuid.uuid4().hex}", int(time.time()), prompts, params, req.stream,
                    bool(req.stream_options and req.stream_options.include_usage), req.logprobs, req.echo)
         self._stream_extras(job, req)
         return await self._run(job, http)
 
-    def _completion_prompts(self, req: CompletionRequest) -> list[Prompt]:
+    async def _completion_prompts(self, req: CompletionRequest) -> list[Prompt]:
         p = req.prompt
-        if isinstance(p, str):
-            prompts = [(p, self._encode(p, req.add_special_tokens))]
-        elif p and all(isinstance(x, str) for x in p):
-            prompts = [(s, self._encode(s, req.add_special_tokens)) for s in p]
+        if isinstance(p, str) or p and all(isinstance(x, str) for x in p):
+            texts = [p] if isinstance(p, str) else p
+            for text in texts:
+                self._check_text(text)
+            ids = await asyncio.gather(*(self._batch_encoder.encode(t, req.add_special_tokens) for t in texts))
+            prompts = list(zip(texts, ids, strict=True))
         elif p and all(isinstance(x, list) for x in p):
             prompts = [(None, list(ids)) for ids in p]
         else:
@@ -259,7 +264,7 @@ class OpenAIServing:
                 raise APIError(400, f"tool_choice {plan.mode} constrains the output itself: drop {spec_field}",
                                spec_field)
             spec, spec_field = plan.spec, "tools"
-        params = self._sampling_params(req, max_tokens, logprobs, names, spec)
+        params = self._sampling_params(req, max_tokens, logprobs, names, spec, req.prompt_logprobs)
         if plan is not None and plan.parser is not None and not plan.parser.skip_special_tokens:
             params.skip_special_tokens = False  # the format's marker is a special token
         if spec is not None:
@@ -455,12 +460,17 @@ class OpenAIServing:
                 else:
                     text = (self._prompt_text(job, p) + c.text) if job.echo else c.text
                     choices.append({"index": index, "text": text,
-                                    "logprobs": self._logprobs(job, c, 0, job.choices[index]),
-                                    "finish_reason": c.finish_reason, "stop_reason": c.stop_reason})
+                                    "logprobs": self._logprobs(job, c, 0, job.choices[index],
+                                                               out if job.echo else None),
+                                    "finish_reason": c.finish_reason, "stop_reason": c.stop_reason,
+                                    "prompt_logprobs": self._prompt_logprobs(out)})
         choices.sort(key=lambda ch: ch["index"])
-        return {"id": job.request_id, "object": "chat.completion" if job.kind == "chat" else "text_completion",
+        body = {"id": job.request_id, "object": "chat.completion" if job.kind == "chat" else "text_completion",
                 "created": job.created, "model": self.model_name, "choices": choices,
                 "usage": self._usage(job, final), "system_fingerprint": SYSTEM_FINGERPRINT}
+        if job.kind == "chat":  # vLLM puts a chat's prompt logprobs beside its choices
+            body["prompt_logprobs"] = self._prompt_logprobs(final[0])
+        return body
 
     async def _sse(self, job: _Job, stream) -> AsyncIterator[str]:
         obj = "chat.completion.chunk" if job.kind == "chat" else "text_completion"
@@ -476,7 +486,8 @@ class OpenAIServing:
                     yield _sse(_engine_failure(out.error).body())
                     break
                 final[p] = out
-                choices = [ch for c in out.outputs if (ch := self._delta(job, p * n + c.index, p, c)) is not None]
+                choices = [ch for c in out.outputs
+                           if (ch := self._delta(job, p * n + c.index, p, c, out)) is not None]
                 for choice in choices:  # one choice per chunk, as vLLM sends them (clients read choices[0])
                     chunk = {**head, "choices": [choice]}
                     if job.continuous_usage:
@@ -497,7 +508,7 @@ class OpenAIServing:
             await stream.aclose()  # a client that went away: abort its requests now, not at GC time
         yield "data: [DONE]\n\n"
 
-    def _delta(self, job: _Job, index: int, p: int, c: CompletionOutput) -> dict | None:
+    def _delta(self, job: _Job, index: int, p: int, c: CompletionOutput, out: RequestOutput) -> dict | None:
         """The chunk for one choice: text since the last chunk; None if there is nothing to send."""
         st = job.choices[index]
         if st.finished:
@@ -513,7 +524,7 @@ class OpenAIServing:
                 return None  # held back: it may be a tool call
             if st.tool.called and finish_reason == "stop":
                 finish_reason = "tool_calls"
-        logprobs = self._logprobs(job, c, st.num_tokens, st)
+        logprobs = self._logprobs(job, c, st.num_tokens, st, out if job.echo and not st.started else None)
         st.num_chars, st.num_tokens = max(st.num_chars, len(c.text)), len(c.token_ids)
         st.finished = c.finish_reason is not None
         if job.echo and not st.started:
@@ -547,12 +558,22 @@ class OpenAIServing:
                 self._token_text[token_id] = s
         return s
 
-    def _logprobs(self, job: _Job, c: CompletionOutput, start: int, st: _Choice) -> dict | None:
-        """Logprobs of tokens [start:] of a choice, in the endpoint's format."""
+    def _logprobs(self, job: _Job, c: CompletionOutput, start: int, st: _Choice,
+                  echoed: RequestOutput | None = None) -> dict | None:
+        """Logprobs of tokens [start:] of a choice, in the endpoint's format; `echoed` (completions with echo):
+        the prompt's tokens first, with its prompt logprobs (none for the first token, as vLLM's)."""
         if job.logprobs is None or c.logprobs is None:
             return None
         tokens, token_logprobs, top, offsets, content = [], [], [], [], []
         as_id = job.token_ids_as_text
+        if echoed is not None and echoed.prompt_logprobs is not None:
+            for tid, lp in zip(echoed.prompt_token_ids, echoed.prompt_logprobs, strict=True):
+                tokens.append(self._token_str(tid, as_id))
+                token_logprobs.append(None if lp is None else _finite(lp[tid]))
+                top.append(None if lp is None else {self._token_str(i, as_id): _finite(v)
+                                                    for i, v in sorted(lp.items(), key=lambda kv: -kv[1])})
+                offsets.append(st.text_offset)
+                st.text_offset += len(tokens[-1])
         for tid, lp in zip(c.token_ids[start:], c.logprobs[start:], strict=False):
             s = self._token_str(tid, as_id)
             value = _finite(lp.get(tid, -math.inf))
@@ -571,6 +592,21 @@ class OpenAIServing:
         if job.kind == "chat":
             return {"content": content}
         return {"tokens": tokens, "token_logprobs": token_logprobs, "top_logprobs": top, "text_offset": offsets}
+
+    def _prompt_logprobs(self, out: RequestOutput) -> list[dict | None] | None:
+        """prompt_logprobs as vLLM's responses carry them: None for the first prompt token, then per prompt
+        token {token_id: {logprob, rank, decoded_token}} of it and the top-N at its position."""
+        if out.prompt_logprobs is None:
+            return None
+        body = []
+        for tid, lp, rank in zip(out.prompt_token_ids, out.prompt_logprobs, out.prompt_token_ranks, strict=True):
+            if lp is None:
+                body.append(None)
+                continue
+            ranks = logprob_ranks(lp, tid, rank)
+            body.append({str(i): {"logprob": _finite(v), "rank": ranks[i], "decoded_token": self._token_str(i)}
+                         for i, v in lp.items()})
+        return body
 
     def _prompt_text(self, job: _Job, p: int) -> str:
         text, ids = job.prompts[p]

@@ -36,6 +36,7 @@ from tachyon.layers.attention import AttentionMetadata, get_attention_backend
 from tachyon.layers.parallel import TensorParallel
 from tachyon.models.loader import iter_weight_slices, iter_weights, random_weights_
 from tachyon.models.registry import model_class
+from tachyon.worker.prompt_logprobs import PromptLogprobs, PromptRows, compute_prompt_logprobs, prompt_rows
 from tachyon.worker.sampler import DeviceSample, Sampler
 from tachyon.worker.spec_decode import verify
 
@@ -59,6 +60,7 @@ class StepInputs:
     placeholders: list[tuple[int, object]]  # (token index in the batch, sequence) whose id is on the device
     # the last len(drafts) sampled rows verify these proposals (k + 1 logits rows each, after the others' one)
     drafts: list[list[int]]
+    prompt_rows: PromptRows | None = None  # prompt positions whose logprobs the step reports (prompt_logprobs)
 
 
 @dataclass
@@ -79,6 +81,7 @@ class _InFlight:
     sample: DeviceSample | None  # on the host side: pinned copies (CUDA) or the tensors themselves (CPU)
     event: torch.cuda.Event | None
     num_accepted: torch.Tensor | None = None  # per sampled row (speculative decoding), beside `sample`
+    prompt: PromptLogprobs | None = None  # prompt logprobs (host copies on CUDA, as `sample`)
 
 
 class ModelRunner:
@@ -230,7 +233,8 @@ class ModelRunner:
             sample_reqs=[ordered[i].seq for i in sample],
             num_outputs=[ordered[i].start + ordered[i].num_new_tokens - len(ordered[i].spec_token_ids)
                          - ordered[i].seq.num_prompt_tokens for i in sample],
-            placeholders=placeholders, drafts=[ordered[i].spec_token_ids for i in spec])
+            placeholders=placeholders, drafts=[ordered[i].spec_token_ids for i in spec],
+            prompt_rows=prompt_rows(ordered, qsl))
 
     def _to_device(self, a: np.ndarray) -> torch.Tensor:
         t = torch.from_numpy(a)
@@ -282,33 +286,43 @@ class ModelRunner:
         x = self.prepare(sched.seqs)
         if not self.serving:
             self._swap(sched.swap_out, sched.swap_in)
-            logits = self._forward(x, self._input_ids(x))
+            logits, prompt = self._forward(x, self._input_ids(x))
         else:  # rank 0 of several: a failure inside the collectives leaves the ranks out of step for good
             if self.fault is not None:
                 raise RunnerFault(self.fault)
             try:
                 self._mid_step = True
+                rows = x.prompt_rows and dataclasses.replace(x.prompt_rows, seqs=[])
                 self.tp.broadcast_object(StepMessage(sched.swap_out, sched.swap_in, dataclasses.replace(
-                    x, sample_reqs=[], num_outputs=[], placeholders=[], drafts=[])))
+                    x, sample_reqs=[], num_outputs=[], placeholders=[], drafts=[], prompt_rows=rows)))
                 self._swap(sched.swap_out, sched.swap_in)
-                logits = self._forward(x, self._input_ids(x))
+                logits, prompt = self._forward(x, self._input_ids(x))
                 self._mid_step = False
             except Exception as e:
                 why = self.workers.wait_for_fault(1.0) if self.workers is not None else None
                 raise RunnerFault(f"a tensor-parallel step failed ({why or f'{type(e).__name__}: {e}'}); the "
                                   f"ranks are out of step, the engine stops") from e
         handle = _InFlight(x.sample_reqs, None, None)
-        if x.sample_reqs and self.is_driver:
-            self._queue_sample(handle, logits, x)
+        if self.is_driver:
+            if prompt is not None:
+                handle.prompt = prompt.with_tensors(self._to_host(prompt.tensors()))
+            if x.sample_reqs:
+                self._queue_sample(handle, logits, x)
+            if handle.prompt is not None and handle.event is None and self.device.type == "cuda":
+                handle.event = torch.cuda.Event()
+                handle.event.record()
         self._in_flight.append(handle)
         return handle
 
-    def _forward(self, x: StepInputs, input_ids: torch.Tensor) -> torch.Tensor | None:
-        """The step's forward on this rank; the logits of its sampled rows (rank 0's whole, others' shards)."""
+    def _forward(self, x: StepInputs, input_ids: torch.Tensor) -> tuple[torch.Tensor | None, PromptLogprobs | None]:
+        """The step's forward on this rank: the logits of its sampled rows (rank 0's whole, others' shards), and
+        the prompt logprobs its rows ask for (rank 0; None on the others)."""
         if self.tp is not None:
             self.tp.broadcast(input_ids)  # rank 0's, with the pending ids filled in from its steps in flight
         graphs = self.cuda_graphs
-        if graphs is not None and x.num_decodes == len(x.q_lens) and graphs.fits(len(x.q_lens)):
+        prompt = None  # prompt logprobs: the full graph returns no hidden states, so such a step runs without it
+        if (graphs is not None and x.num_decodes == len(x.q_lens) and graphs.fits(len(x.q_lens))
+                and x.prompt_rows is None):
             logits = graphs.replay(input_ids, x.positions, x.slot_mapping, x.seq_lens, x.block_tables)
             if len(x.logits_indices) != len(x.q_lens):
                 logits = logits[self._to_device(x.logits_indices)]
@@ -319,20 +333,19 @@ class ModelRunner:
             else:
                 hidden = self.model(input_ids, self._to_device(x.positions), self.kv_caches, self._metadata(x),
                                     self.backend)
-            if not len(x.logits_indices):
-                return None
-            logits = self.model.compute_logits(hidden[self._to_device(x.logits_indices)])
-        return logits
+            logits = (self.model.compute_logits(hidden[self._to_device(x.logits_indices)])
+                      if len(x.logits_indices) else None)  # every rank: the LM head's gather is a collective
+            if x.prompt_rows is not None:
+                prompt = compute_prompt_logprobs(self.model, hidden, x.prompt_rows, self.config.model.vocab_size,
+                                                 self.is_driver)
+        return logits, prompt
 
     def _queue_sample(self, handle: _InFlight, logits: torch.Tensor, x: StepInputs) -> None:
         sample, num_accepted = self._sample(logits, x)
         for row, seq in enumerate(x.sample_reqs):
             self._sampled_on_device[seq] = (sample.token_ids, row)
         if self.device.type == "cuda":  # the copies and their event queue right behind this step's sampling
-            dev = sample.tensors() + ([num_accepted] if num_accepted is not None else [])
-            host = [torch.empty(t.shape, dtype=t.dtype, pin_memory=True) for t in dev]
-            for h, t in zip(host, dev, strict=True):
-                h.copy_(t, non_blocking=True)
+            host = self._to_host(sample.tensors() + ([num_accepted] if num_accepted is not None else []))
             if num_accepted is not None:
                 num_accepted = host.pop()
             handle.sample = sample.with_tensors(host)
@@ -367,6 +380,15 @@ class ModelRunner:
             self.workers.close()
         self.tp.destroy()
 
+    def _to_host(self, tensors: list[torch.Tensor]) -> list[torch.Tensor]:
+        """Pinned host copies queued behind the step (CUDA); on the CPU the tensors themselves."""
+        if self.device.type != "cuda":
+            return tensors
+        host = [torch.empty(t.shape, dtype=t.dtype, pin_memory=True) for t in tensors]
+        for h, t in zip(host, tensors, strict=True):
+            h.copy_(t, non_blocking=True)
+        return host
+
     def _sample(self, logits: torch.Tensor, x: StepInputs) -> tuple[DeviceSample, torch.Tensor | None]:
         """The step's sampling: plain rows by the sampler, then the speculating sequences' verification
         (their tokens after the plain rows' ids, no logprobs). Also how many proposals each row accepted."""
@@ -384,14 +406,17 @@ class ModelRunner:
         """The sampled tokens of a submitted step (the oldest one not yet collected); waits for it to land."""
         oldest = self._in_flight.popleft()
         assert oldest is handle, "steps are collected in the order they were submitted"
-        if handle.sample is None:
+        if handle.sample is None and handle.prompt is None:
             return None
         if handle.event is not None:
             handle.event.synchronize()
+        prompt = handle.prompt.to_host() if handle.prompt is not None else None
+        if handle.sample is None:  # a prompt chunk that samples nothing but reports prompt logprobs
+            return ModelRunnerOutput([], [], [], [], prompt_logprobs=prompt)
         out = handle.sample.to_output()
         accepted = handle.num_accepted.tolist() if handle.num_accepted is not None else None
         return ModelRunnerOutput(handle.reqs, out.token_ids, out.logprobs, out.sampled_logprobs, num_accepted=accepted,
-                                 sampled_ranks=out.sampled_ranks)
+                                 sampled_ranks=out.sampled_ranks, prompt_logprobs=prompt)
 
     def drop_in_flight(self) -> None:
         """Forget every step not yet collected (after a failure the engine cannot pin on one request)."""

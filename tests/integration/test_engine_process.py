@@ -22,7 +22,8 @@ PROMPTS = ["The capital of France is", "Once upon a time", "def fibonacci(n):"]
 def reference():
     llm = LLM(swap_space=0)
     outs = llm.generate(PROMPTS, SamplingParams(temperature=0, max_tokens=24))
-    return [o.outputs[0].text for o in outs]
+    prompt_lp = llm.generate(PROMPTS[0], SamplingParams(max_tokens=1, prompt_logprobs=1))[0].prompt_logprobs
+    return [o.outputs[0].text for o in outs], prompt_lp
 
 
 @pytest.fixture(scope="module")
@@ -41,6 +42,7 @@ def proc_server():
 def test_the_core_runs_in_another_process_and_gives_the_same_tokens(proc_server, reference):
     import os
 
+    reference, prompt_lp = reference
     url, client = proc_server
     assert client.process.is_alive() and client.process.pid != os.getpid()
     oa = openai.OpenAI(base_url=f"{url}/v1", api_key=API_KEY, max_retries=0, timeout=60)
@@ -65,6 +67,16 @@ def test_the_core_runs_in_another_process_and_gives_the_same_tokens(proc_server,
     metrics = httpx.get(f"{url}/metrics").text
     line = next(x for x in metrics.splitlines() if x.startswith("tachyon:generation_tokens_total"))
     assert float(line.split()[-1]) >= 3 * 24
+    line = next(x for x in metrics.splitlines() if x.startswith("tachyon:iteration_tokens_total_count"))
+    assert float(line.split()[-1]) >= 24  # the core's steps, counted in its process
+    # prompt logprobs cross the pipe with the first token: the in-process engine's values
+    r = oa.completions.create(model="SmolLM2-135M-Instruct", prompt=PROMPTS[0], max_tokens=1,
+                              extra_body={"prompt_logprobs": 1})
+    got = r.choices[0].model_extra["prompt_logprobs"]
+    assert got[0] is None and len(got) == len(prompt_lp)
+    for entry, ref in zip(got[1:], prompt_lp[1:], strict=True):
+        assert {int(t): v["rank"] for t, v in entry.items()} == {t: x.rank for t, x in ref.items()}
+        assert all(v["logprob"] == pytest.approx(ref[int(t)].logprob, abs=1e-4) for t, v in entry.items())
 
 
 def test_grammars_compile_in_the_core_process(proc_server):

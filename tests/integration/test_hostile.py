@@ -36,15 +36,18 @@ def http(server):
 def test_every_field_and_malformed_bodies(server, http):
     outcomes: Counter = Counter()
     defects = []
-    for case in all_cases(quick=True):
+    for i, case in enumerate(all_cases(quick=True)):
         r = http.post(case.path, content=case.body, headers=case.headers)
         outcome = judge(case, r)
         outcomes[outcome] += 1
         if not outcome.startswith("ok"):
             defects.append((case.name, outcome, r.status_code, r.text[:300]))
-        ok, _ = normal_request(http)
-        if not ok:
+        # a case the engine ran (anything but a 400), and every 8th: a normal request still succeeds after it (a
+        # 400 is refused before the engine sees the request; a broken engine stays broken, so every 8th finds it)
+        if (r.status_code != 400 or i % 8 == 0) and not normal_request(http)[0]:
             defects.append((case.name, "a normal request failed after it"))
+    if not normal_request(http)[0]:
+        defects.append(("all cases", "a normal request failed after them"))
     assert not defects, defects[:10]
     print(dict(outcomes))
     assert outcomes["ok 200"] >= 50 and outcomes["ok 400"] >= 300  # both answers are exercised
@@ -95,7 +98,8 @@ def test_null_means_the_default(server, http):
     (COMPLETIONS, {"structured_outputs": {"regex": "a", "choice": ["b"]}}, "structured_outputs", "exactly one of"),
     (COMPLETIONS, {"guided_regex": "a+", "guided_choice": ["x"]}, "guided_choice", "one way of constraining"),
     (COMPLETIONS, {"guided_regex": "a+", "min_tokens": 2}, "min_tokens", "must be 0 with structured outputs"),
-    (COMPLETIONS, {"prompt_logprobs": 1}, "prompt_logprobs", "prompt logprobs are not supported"),
+    (COMPLETIONS, {"prompt_logprobs": 21}, "prompt_logprobs", "--max-logprobs"),
+    (CHAT, {"prompt_logprobs": 1, "stream": True}, "prompt_logprobs", "not available when `stream=True`"),
     (CHAT, {"use_beam_search": True}, "use_beam_search", "not supported"),
     (COMPLETIONS, {"frobnicate": 1}, "frobnicate", "does not know this field"),
     (CHAT, {"messages": [{"role": "user", "content": "x", "tool_calls": []}]}, "messages.0",

@@ -326,14 +326,32 @@ def test_metrics_counters_move(server, client):
     wait_idle(server)
     before = metrics(server)
     ids = list(range(1000, 1023))
-    client.completions.create(model=MODEL, prompt=ids, max_tokens=5, temperature=0, extra_body={"ignore_eos": True})
-    client.completions.create(model=MODEL, prompt=ids, max_tokens=3, n=2, temperature=0.5,
-                              extra_body={"ignore_eos": True})
+    first = client.completions.create(model=MODEL, prompt=ids, max_tokens=5, temperature=0,
+                                      extra_body={"ignore_eos": True})
+    wait_idle(server)
+    mid = metrics(server)
+    second = client.completions.create(model=MODEL, prompt=ids, max_tokens=3, n=2, temperature=0.5,
+                                       extra_body={"ignore_eos": True})
     wait_idle(server)
     after = metrics(server)
 
     def delta(name, **labels):
         return sample(after, name, **labels) - sample(before, name, **labels)
+
+    # tokens per engine step (vLLM's iteration_tokens_total): the first request's prefill, then 4 decodes
+    cached = first.usage.prompt_tokens_details.cached_tokens
+    name = "tachyon:iteration_tokens_total"
+    steps = {k: sample(mid, f"{name}_{k}") - sample(before, f"{name}_{k}") for k in ("count", "sum")}
+    assert steps == {"count": 5, "sum": len(ids) - cached + 4}
+    assert sample(mid, f"{name}_bucket", le="1.0") - sample(before, f"{name}_bucket", le="1.0") == 4
+    # the request families: n, max_tokens, the longest choice, running time, prompt tokens computed/cached
+    assert delta("tachyon:request_params_n_sum") == 1 + 2 and delta("tachyon:request_params_n_count") == 2
+    assert delta("tachyon:request_params_max_tokens_sum") == 5 + 3
+    assert delta("tachyon:request_max_num_generation_tokens_sum") == 5 + 3
+    assert delta("tachyon:request_inference_time_seconds_count") == 2
+    all_cached = cached + second.usage.prompt_tokens_details.cached_tokens
+    assert delta("tachyon:prompt_tokens_cached_total") == all_cached
+    assert delta("tachyon:request_prefill_kv_computed_tokens_sum") == 2 * len(ids) - all_cached
 
     assert delta("tachyon:prompt_tokens_total") == 2 * len(ids)
     assert delta("tachyon:generation_tokens_total") == 5 + 2 * 3

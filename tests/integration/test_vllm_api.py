@@ -151,7 +151,8 @@ def test_cors_and_vllm_metric_names(server):
             "vllm:time_per_output_token_seconds_bucket", "vllm:num_requests_waiting_by_reason",
             "vllm:cache_config_info", "vllm:request_params_n_bucket", "vllm:request_inference_time_seconds_sum",
             "vllm:request_prefill_kv_computed_tokens_count", "vllm:request_max_num_generation_tokens_bucket",
-            "vllm:prompt_tokens_cached_total", "vllm:request_params_max_tokens_bucket"} <= names
+            "vllm:prompt_tokens_cached_total", "vllm:request_params_max_tokens_bucket",
+            "vllm:iteration_tokens_total_bucket", "vllm:iteration_tokens_total_sum"} <= names
     assert not any(n.startswith("tachyon:") for n in names)
 
 

@@ -79,7 +79,8 @@ VLLM_SERVE = ("serve {repo} --host 0.0.0.0 --port {port} --served-model-name tin
               "--revision main --tokenizer {repo} --trust-remote-code --chat-template {template} --response-role bot "
               "--max-logprobs 3 --enable-chunked-prefill --max-model-len 256 --dtype auto --gpu-memory-utilization 0.9 "
               "--tensor-parallel-size 1 --kv-cache-dtype auto --generation-config auto --disable-log-stats "
-              "--enable-log-requests --allowed-origins [\"*\"] --root-path / --seed 0 --max-num-seqs 4")
+              "--enable-log-requests --allowed-origins [\"*\"] --root-path / --seed 0 --max-num-seqs 4 "
+              "--enable-auto-tool-choice --tool-call-parser hermes")
 
 
 def test_every_flag_has_help_and_no_flag_is_abbreviated():
@@ -105,6 +106,9 @@ def test_a_vllm_command_line_parses_to_the_same_settings(tmp_path):
     assert main(["serve", "a/b", "--model", "c/d"]) == 2  # the model twice, differently: an error, not a guess
     assert main(["generate", "hi", "--no-enable-chunked-prefill"]) == 2
     assert main(["generate", "hi", "--tensor-parallel-size", "0"]) == 2
+    assert main(["serve", "--enable-auto-tool-choice"]) == 2  # vLLM's rule: it needs --tool-call-parser
+    assert main(["serve", "--disable-log-requests", "--enable-log-requests"]) == 2
+    assert build_parser().parse_args(["serve", "--disable-log-requests"]).enable_log_requests is False
 
 
 def test_vllm_serve_command_runs_a_hub_model_offline(hub_cache, vllm_llm, tmp_path, monkeypatch, caplog, capsys):
@@ -181,9 +185,11 @@ def test_a_vllm_offline_script_runs_unchanged(vllm_llm, hub_cache, capsys):
     greedy = llm.generate(prompts[0], SamplingParams(temperature=0, max_tokens=5), use_tqdm=False)[0].outputs[0]
     assert len(default.token_ids) <= 5 and default.token_ids == greedy.token_ids
     chat = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello"}]
-    out = llm.chat(chat, SamplingParams(max_tokens=2), chat_template=TEMPLATE + "{{ suffix }}",
-                   chat_template_kwargs={"suffix": "!"}, add_generation_prompt=False, use_tqdm=False)
-    assert out[0].prompt_token_ids == tok.encode("<user>Hi\n<assistant>Hello\n<assistant>!")
+    tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}]
+    out = llm.chat(chat, SamplingParams(max_tokens=2),
+                   chat_template=TEMPLATE + "{{ suffix }}{% for t in tools %}[{{ t.function.name }}]{% endfor %}",
+                   chat_template_kwargs={"suffix": "!"}, add_generation_prompt=False, use_tqdm=False, tools=tools)
+    assert out[0].prompt_token_ids == tok.encode("<user>Hi\n<assistant>Hello\n<assistant>![get_weather]")
     # the prefix cache: a repeat hits it; after reset_prefix_cache it does not
     long_prompt = {"prompt_token_ids": list(range(100, 140))}
     params = SamplingParams(max_tokens=1)
@@ -196,16 +202,49 @@ def test_a_vllm_offline_script_runs_unchanged(vllm_llm, hub_cache, capsys):
         LLM(model=REPO, enable_lora=True, hf_overrides={}, speculative_config={"method": "ngram"})
 
 
-def test_bench_serve_takes_vllm_flags_and_writes_vllm_keys(tmp_path):
+def test_prompt_logprobs_offline_as_vllm_gives_them(vllm_llm, hub_cache):
+    """SamplingParams(prompt_logprobs=k): None, then per prompt token {token_id: Logprob} of it and the top k,
+    against transformers' log_softmax; the prompt is computed even when the prefix cache holds it; 4 steps in
+    flight; bounded by max_logprobs."""
+    from tachyon import SamplingParams
+    from tachyon.sampling_params import InvalidRequestError
+    from tests.integration.test_prompt_logprobs import check_position, reference
+
+    llm, tok = vllm_llm, vllm_llm.get_tokenizer()
+    prompt = "The lighthouse keeper climbed the stairs every evening and lit the lamp before the ships came."
+    first = llm.generate(prompt, SamplingParams(max_tokens=1), use_tqdm=False)[0]  # now in the prefix cache
+    assert first.prompt_logprobs is None
+    ids = first.prompt_token_ids
+    asked, plain = llm.generate([prompt, prompt], [SamplingParams(max_tokens=2, temperature=0, prompt_logprobs=3, n=2),
+                                                   SamplingParams(max_tokens=2, temperature=0)], use_tqdm=False)
+    assert plain.num_cached_tokens == len(ids) // 16 * 16 > 0 and plain.prompt_logprobs is None
+    assert asked.num_cached_tokens == 0  # computed, so every position has its logits
+    assert len(asked.prompt_logprobs) == len(ids) and asked.prompt_logprobs[0] is None
+    ref = reference(hub_cache[2], ids)
+    for p in range(1, len(ids)):
+        entry = asked.prompt_logprobs[p]
+        check_position(ref[p - 1], ids[p], {t: (x.logprob, x.rank) for t, x in entry.items()}, 3)
+        assert all(x.decoded_token == tok.decode([t]) for t, x in entry.items())
+    assert asked.outputs[0].token_ids == asked.outputs[1].token_ids == plain.outputs[0].token_ids  # greedy, n=2
+    zero = llm.generate({"prompt_token_ids": ids[:5]}, SamplingParams(max_tokens=1, prompt_logprobs=0),
+                        use_tqdm=False)[0].prompt_logprobs
+    assert [None if e is None else list(e) for e in zero] == [None, *([t] for t in ids[1:5])]
+    with pytest.raises(InvalidRequestError, match=r"prompt_logprobs=6 is more than the 5 .*--max-logprobs"):
+        llm.generate(prompt, SamplingParams(prompt_logprobs=6), use_tqdm=False)
+    assert llm.engine.kv.num_free_blocks == llm.engine.kv.num_blocks
+
+
+def test_bench_serve_takes_vllm_flags_and_writes_vllm_keys(tmp_path, capsys):
     from tests.integration.test_bench_serve import FakeServer
 
     fake = FakeServer()
     try:
-        argv = ["bench", "serve", "--base-url", fake.url, "--dataset-name", "random", "--random-input-len", "8",
-                "--random-output-len", "3", "--random-range-ratio", "0.5", "--num-prompts", "3", "--ignore-eos",
+        port = fake.url.rsplit(":", 1)[1]  # vLLM's --backend vllm --host --port: the fake's URL
+        argv = ["bench", "serve", "--backend", "vllm", "--host", "127.0.0.1", "--port", port, "--dataset-name",
+                "random", "--random-input-len", "8", "--random-output-len", "3", "--random-range-ratio", "0.5", "--num-prompts", "3", "--ignore-eos",
                 "--save-result", "--result-dir", str(tmp_path), "--result-filename", "vllm.json",
                 "--percentile-metrics", "ttft,e2el", "--metric-percentiles", "50,90", "--vocab-size", "5000",
-                "--num-warmups", "0", "--no-progress", "--max-concurrency", "3"]
+                "--num-warmups", "0", "--no-progress", "--max-concurrency", "3", "--metadata", "gpu=none", "run=a=b"]
         assert main(argv) == 0
         assert all(b["ignore_eos"] and 4 <= len(b["prompt"]) <= 12 and 2 <= b["max_tokens"] <= 4
                    for b in fake.bodies)
@@ -213,6 +252,16 @@ def test_bench_serve_takes_vllm_flags_and_writes_vllm_keys(tmp_path):
     finally:
         fake.stop()
     res = json.loads((tmp_path / "vllm.json").read_text())
+    # every key vLLM's benchmark_serving.py / `vllm bench serve` writes (besides the percentile keys)
+    vllm_keys = {"date", "endpoint_type", "backend", "label", "model_id", "tokenizer_id", "best_of", "num_prompts",
+                 "request_rate", "burstiness", "max_concurrency", "duration", "completed", "failed",
+                 "total_input_tokens", "total_output_tokens", "request_throughput", "request_goodput",
+                 "output_throughput", "total_token_throughput", "max_output_tokens_per_s", "max_concurrent_requests",
+                 "input_lens", "output_lens", "ttfts", "itls", "generated_texts", "errors"}
+    assert vllm_keys <= set(res), sorted(vllm_keys - set(res))
+    assert (res["gpu"], res["run"], res["request_goodput"], res["endpoint_type"]) == ("none", "a=b", None, "openai")
+    # the fake streams " t0", " t1", ... one token a chunk
+    assert res["generated_texts"] == ["".join(f" t{i}" for i in range(n)) for n in res["output_lens"]]
     assert (res["backend"], res["model_id"], res["num_prompts"], res["request_rate"], res["max_concurrency"]) == (
         "openai", "fake-model", 3, "inf", 3)
     assert res["completed"] == 3 and res["failed"] == 0 and res["total_output_tokens"] == sum(
@@ -225,6 +274,7 @@ def test_bench_serve_takes_vllm_flags_and_writes_vllm_keys(tmp_path):
     assert all(t >= 0.2 for t in res["ttfts"]) and [len(i) + 1 for i in res["itls"]] == res["output_lens"]
     with pytest.raises(SystemExit):
         build_parser().parse_args(["bench", "serve", "--dataset-name", "sharegpt"])
+    assert main([*argv, "--metadata", "novalue"]) != 0 and "--metadata 'novalue': give KEY=VALUE" in capsys.readouterr().err
 
 
 def test_logit_processors_hold_with_steps_in_flight(vllm_llm):

@@ -58,3 +58,15 @@ def test_not_a_mapping(tmp_path):
     path.write_text("- just\n- a list\n")
     with pytest.raises(ValueError, match="expected a mapping with 'pools:'"):
         load_config(path)
+
+
+def test_names_a_backend_reports_and_what_it_is_sent():
+    """NAME@VERSION is sent as NAME to an OpenAI server, as NAME@VERSION to a Tachyon one (which then answers from
+    that version or 404); a non-default Tachyon version's card already carries it in its id."""
+    from tachyon.gateway.backends import model_ids
+
+    cards = {"data": [{"id": "smol", "version": "v1", "owned_by": "tachyon"},
+                      {"id": "smol@v2", "version": "v2", "owned_by": "tachyon"},
+                      {"id": "big", "version": "2024", "owned_by": "vllm"}, {"id": "plain"}, {"no": "id"}]}
+    assert model_ids(cards) == {"smol": "smol", "smol@v1": "smol@v1", "smol@v2": "smol@v2", "big": "big",
+                                "big@2024": "big", "plain": "plain"}

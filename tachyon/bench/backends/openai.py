@@ -144,6 +144,7 @@ class OpenAIBackend(Backend):
         httpx = _httpx()
         res.start = now()
         text_chunks = 0
+        pieces: list[str] = []
         try:
             async with client.stream("POST", self.base_url + self.endpoint, json=self.body(r),
                                      headers=self._headers()) as resp:
@@ -177,10 +178,12 @@ class OpenAIBackend(Backend):
                         if piece:
                             res.token_times.append(t)
                             text_chunks += 1
+                            pieces.append(piece)
                     usage = chunk.get("usage")
                     if usage and usage.get("completion_tokens") is not None:
                         res.output_tokens = int(usage["completion_tokens"])
             res.end = now()
+            res.generated_text = "".join(pieces)
             if not res.output_tokens:
                 res.output_tokens = text_chunks
             if not res.token_times:

@@ -1,0 +1,88 @@
+"""The server's batch tokenizer: a burst of prompts is one tokenizer call, each handler gets its own prompt's ids
+(the same as encoding it alone), special-token settings are kept apart, failures and cancellations stay local."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from transformers import AutoTokenizer
+
+from tachyon.server.batch_encode import BatchEncoder
+
+
+@pytest.fixture(scope="module")
+def tokenizer(embedded_dir):
+    return AutoTokenizer.from_pretrained(embedded_dir)
+
+
+TEXTS = [f"request {i}: " + "tokens " * i + "end" for i in range(16)]
+
+
+def test_a_burst_is_one_call_and_each_gets_its_own_ids(tokenizer):
+    enc = BatchEncoder(tokenizer)
+
+    async def burst():
+        return await asyncio.gather(*(enc.encode(t) for t in TEXTS))
+
+    got = asyncio.run(burst())
+    assert got == [tokenizer.encode(t) for t in TEXTS]
+    assert enc.num_batches == 1
+
+
+def test_special_token_settings_are_kept_apart(tokenizer):
+    enc = BatchEncoder(tokenizer)
+    flags = [i % 2 == 0 for i in range(len(TEXTS))]
+
+    async def burst():
+        return await asyncio.gather(*(enc.encode(t, f) for t, f in zip(TEXTS, flags, strict=True)))
+
+    got = asyncio.run(burst())
+    want = [tokenizer.encode(t, add_special_tokens=f) for t, f in zip(TEXTS, flags, strict=True)]
+    assert got == want
+    assert enc.num_batches == 2
+
+
+def test_arrivals_during_a_batch_form_the_next_and_cancelled_waiters_are_skipped(tokenizer):
+    calls = []
+
+    class Recording:
+        def __call__(self, texts, add_special_tokens):
+            calls.append(list(texts))
+            return tokenizer(texts, add_special_tokens=add_special_tokens)
+
+    enc = BatchEncoder(Recording())
+
+    async def scenario():
+        first = asyncio.ensure_future(enc.encode(TEXTS[0]))
+        gone = asyncio.ensure_future(enc.encode(TEXTS[1]))
+        await asyncio.sleep(0)
+        gone.cancel()  # its client left before the batch ran
+        late = [enc.encode(t) for t in TEXTS[2:5]]
+        return await first, await asyncio.gather(*late)
+
+    first, late = asyncio.run(scenario())
+    assert first == tokenizer.encode(TEXTS[0])
+    assert late == [tokenizer.encode(t) for t in TEXTS[2:5]]
+    assert TEXTS[1] not in [t for batch in calls for t in batch]
+
+
+def test_a_failing_tokenizer_fails_its_batch_and_the_encoder_recovers(tokenizer):
+    class Flaky:
+        broken = True
+
+        def __call__(self, texts, add_special_tokens):
+            if self.broken:
+                raise RuntimeError("tokenizer exploded")
+            return tokenizer(texts, add_special_tokens=add_special_tokens)
+
+    flaky = Flaky()
+    enc = BatchEncoder(flaky)
+
+    async def burst():
+        return await asyncio.gather(*(enc.encode(t) for t in TEXTS[:3]), return_exceptions=True)
+
+    failed = asyncio.run(burst())
+    assert [str(e) for e in failed] == ["tokenizer exploded"] * 3
+    flaky.broken = False
+    assert asyncio.run(burst()) == [tokenizer.encode(t) for t in TEXTS[:3]]
