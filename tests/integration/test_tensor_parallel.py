@@ -51,6 +51,12 @@ def test_embedded_model_two_ranks_match_one(llm):
         model = tp.engine.runner.model
         assert (model.cfg.num_heads, model.cfg.num_kv_heads) == (3, 1)  # rank 0's share
         assert _tokens(tp, prompts, params) == want
+        # prompt logprobs: every rank computes the LM head's slices (a gather), rank 0 ranks them
+        lp = SamplingParams(temperature=0, max_tokens=1, prompt_logprobs=2)
+        (one,), (two,) = (m.generate(prompts[:1], lp, use_tqdm=False) for m in (llm, tp))
+        assert [sorted(d) for d in two.prompt_logprobs[1:]] == [sorted(d) for d in one.prompt_logprobs[1:]]
+        assert all(abs(b[t].logprob - a[t].logprob) < 1e-3 for a, b in
+                   zip(one.prompt_logprobs[1:], two.prompt_logprobs[1:], strict=True) for t in a)
         assert tp.engine.kv.num_free_blocks == tp.engine.kv.num_blocks
     finally:
         pids = tp.engine.runner.workers.pids
