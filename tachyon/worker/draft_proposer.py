@@ -37,6 +37,7 @@ class _DraftView:
     sampling_params: SamplingParams = field(default_factory=lambda: _GREEDY)
     generator: None = None
     grammar: None = None
+    wants_prompt_logprobs: bool = False
     eos_token_ids: frozenset = frozenset()
     output_token_ids: list[int] = field(default_factory=list)  # read only with penalties (greedy has none)
 
