@@ -12,15 +12,14 @@ import httpx
 import openai
 import pytest
 
-from tachyon import LLM, SamplingParams
+from tachyon import SamplingParams
 from tests.integration.conftest import API_KEY, serve_in_thread
 
 PROMPTS = ["The capital of France is", "Once upon a time", "def fibonacci(n):"]
 
 
 @pytest.fixture(scope="module")
-def reference():
-    llm = LLM(swap_space=0)
+def reference(llm):
     outs = llm.generate(PROMPTS, SamplingParams(temperature=0, max_tokens=24))
     prompt_lp = llm.generate(PROMPTS[0], SamplingParams(max_tokens=1, prompt_logprobs=1))[0].prompt_logprobs
     return [o.outputs[0].text for o in outs], prompt_lp
@@ -33,7 +32,7 @@ def proc_server():
     from tachyon.engine_args import EngineArgs
     from tachyon.server.app import create_app
 
-    client = build_engine_client(EngineArgs(swap_space=0))
+    client = build_engine_client(EngineArgs(swap_space=0, kv_cache_memory_gib=0.25))
     app = create_app(AsyncEngine(client), "SmolLM2-135M-Instruct", api_key=API_KEY)
     with serve_in_thread(app) as url:
         yield url, client
