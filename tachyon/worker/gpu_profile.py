@@ -18,6 +18,8 @@ class _ProfileSeq:
     block_ids: list[int]
     sampling_params: SamplingParams
     generator: None = None
+    grammar: None = None
+    wants_prompt_logprobs: bool = False
     eos_token_ids: frozenset = frozenset()
     num_prompt_tokens: int = 0
     output_token_ids: list[int] = field(default_factory=list)
