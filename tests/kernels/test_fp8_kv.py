@@ -24,8 +24,9 @@ GPU_WRITES = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") == "1",
 
 
 def _fp8_pages(k_cache, v_cache):
-    """Random pages as an fp8 cache holds them (the values / scale, rounded to E4M3)."""
-    return (k_cache.float() / K_SCALE).to(FP8), (v_cache.float() / V_SCALE).to(FP8)
+    """Random pages as an fp8 cache holds them (the values / scale, saturated and rounded to E4M3: torch's cast
+    on a GPU turns anything beyond +-448 into NaN)."""
+    return tuple((c.float() / s).clamp(-FP8_MAX, FP8_MAX).to(FP8) for c, s in ((k_cache, K_SCALE), (v_cache, V_SCALE)))
 
 
 def _ulp_close(got: torch.Tensor, want: torch.Tensor) -> bool:
