@@ -25,22 +25,14 @@ class _ProfileSeq:
     output_token_ids: list[int] = field(default_factory=list)
 
 
-@torch.inference_mode()
-def profile_num_blocks(runner) -> int:
-    cfg = runner.config
-    bs = runner.block_size
+def profile_step(cfg, bs: int) -> tuple[SchedulerOutput, int]:
+    """The step the profile runs: max_num_batched_tokens prompt tokens over up to max_num_seqs sequences, sampled
+    with every filter on; and the KV blocks a scratch cache needs to hold it."""
     tokens = cfg.scheduler.max_num_batched_tokens
     n_seqs = max(1, min(cfg.scheduler.max_num_seqs, tokens))
-    import gc
-
-    gc.collect()  # engines dropped earlier in this process may still sit in reference cycles
-    torch.cuda.synchronize()
-    torch.cuda.empty_cache()
-    torch.cuda.reset_peak_memory_stats()
     # a scratch cache just big enough for the profile step
     scratch_blocks = n_seqs * (-(-max(1, tokens // n_seqs) // bs)) + n_seqs + 2
-    runner.allocate_kv_cache(scratch_blocks)
-    reqs, seqs, next_block = [], [], 1
+    seqs, next_block = [], 1
     per = tokens // n_seqs
     sp = SamplingParams(temperature=1.0, top_p=0.9, top_k=50)
     for i in range(n_seqs):
@@ -50,9 +42,22 @@ def profile_num_blocks(runner) -> int:
         nblocks = -(-n // bs)
         r = _ProfileSeq([1] * n, list(range(next_block, next_block + nblocks)), sp, num_prompt_tokens=n)
         next_block += nblocks
-        reqs.append(r)
         seqs.append(ScheduledSeq(r, 0, n, True))
-    runner.collect(runner.submit(SchedulerOutput(seqs=seqs)))
+    return SchedulerOutput(seqs=seqs), scratch_blocks
+
+
+@torch.inference_mode()
+def profile_num_blocks(runner) -> int:
+    cfg = runner.config
+    import gc
+
+    gc.collect()  # engines dropped earlier in this process may still sit in reference cycles
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    torch.cuda.reset_peak_memory_stats()
+    sched, scratch_blocks = profile_step(runner.config, runner.block_size)
+    runner.allocate_kv_cache(scratch_blocks)
+    runner.collect(runner.submit(sched))
     torch.cuda.synchronize()
     peak = torch.cuda.max_memory_allocated()
     scratch = runner._kv.numel() * runner._kv.element_size()
