@@ -118,3 +118,35 @@ def test_a_killed_worker_stops_the_server_with_503_and_no_orphans(tmp_path):
         assert _gone(client.process.pid) and _gone(worker) and _gone(other), "a process outlived the engine"
     finally:
         client.shutdown(timeout=5)
+
+
+def test_ctrl_c_mid_generation_ends_every_rank():
+    """SIGINT to the process group while two ranks generate: the script stops, and no rank outlives it."""
+    import subprocess
+    import sys
+
+    script = ("from tachyon import LLM, SamplingParams\n"
+              "llm = LLM(tensor_parallel_size=2, swap_space=0, kv_cache_memory_gib=0.1)\n"
+              "print('pids', *llm.engine.runner.workers.pids, flush=True)\n"
+              "llm.generate(['Once upon a time'], SamplingParams(max_tokens=1500, ignore_eos=True), use_tqdm=False)\n"
+              "print('finished', flush=True)\n")
+    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, start_new_session=True)
+    try:
+        lines = []
+        for line in proc.stdout:
+            lines.append(line)
+            if line.startswith("pids "):
+                break
+        assert lines and lines[-1].startswith("pids "), "".join(lines)[-2000:]
+        pids = [int(p) for p in lines[-1].split()[1:]]
+        time.sleep(1.0)  # into the generation (1500 tokens take a minute on the CPU)
+        assert proc.poll() is None, proc.communicate()[0][-2000:]
+        os.killpg(proc.pid, signal.SIGINT)
+        rest = proc.communicate(timeout=60)[0]
+        assert "finished" not in rest and proc.returncode != 0
+        assert all(_gone(p) for p in pids), "a rank outlived Ctrl-C"
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
