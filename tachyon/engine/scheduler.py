@@ -163,8 +163,12 @@ class Scheduler:
         history = False
         while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
             seq = self.waiting[0]
-            if seq.status == SequenceStatus.SWAPPED:
-                if not kv.can_swap_in(seq):
+            swapped_in = seq.status == SequenceStatus.SWAPPED
+            if swapped_in:
+                # its parked blocks and a block for its next token, or it stays parked: swapped in and then left
+                # waiting, it would hold blocks no one runs, and a sequence preempted in front of it could
+                # wait for them forever (an engine that steps without progress)
+                if kv.blocks_needed(seq.num_computed_tokens + 1) > kv.num_free_blocks:
                     break
                 out.swap_in.extend(kv.swap_in(seq))
                 seq.status = SequenceStatus.PREEMPTED  # its KV is back: no second swap-in if it waits on
@@ -177,6 +181,8 @@ class Scheduler:
                 if filling and nxt < len(seq.block_hashes) and seq.block_hashes[nxt] in filling:
                     break
             n = min(seq.num_tokens - seq.num_computed_tokens - len(shared) * kv.block_size, budget)
+            if swapped_in:  # as many of its tokens as its blocks and the free ones hold (at least one: above)
+                n = min(n, (len(seq.block_ids) + kv.num_free_blocks) * kv.block_size - seq.num_computed_tokens)
             if not kv.allocate(seq, n, shared):
                 break
             if looked_up:

@@ -108,3 +108,27 @@ def test_simultaneous_arrivals_compute_a_shared_prefix_once(llm):
     assert (kv.prefix_queries - q0, kv.prefix_hits - h0) == (4 * 67, 3 * 64)
     assert [o.num_cached_tokens for o in outs] == [0, 64, 64, 64]
     assert kv.num_free_blocks == kv.num_blocks
+
+
+@pytest.mark.timeout(120)
+def test_a_tight_pool_with_swap_never_stalls(tmp_path):
+    """14 blocks of 8 tokens, 8 prompts of up to 84 tokens, swap on: sequences are swapped out and in over and
+    over. A sequence swapped in must also get the block its next token needs, or it holds blocks while it waits
+    and one preempted in front of it waits for them forever (this stepped without progress before the fix).
+    Same greedy tokens as recompute-only, every block back."""
+    import random
+
+    from tests.tiny_checkpoint import write_tiny_qwen2
+
+    path = write_tiny_qwen2(tmp_path, 4, 2)
+    rng = random.Random(0)
+    prompts = [{"prompt_token_ids": [rng.randrange(5, 200) for _ in range(rng.randint(10, 84))]} for _ in range(8)]
+    params = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
+    outs = {}
+    for swap in (0, 0.01):
+        llm = LLM(model=path, num_kv_blocks=14, block_size=8, swap_space=swap, dtype="float32")
+        outs[swap] = [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
+        assert llm.engine.kv.num_free_blocks == llm.engine.kv.num_blocks
+        if swap:
+            assert llm.engine.scheduler.num_swapped_out > 0
+    assert outs[0.01] == outs[0] and all(len(t) == 16 for t in outs[0])
