@@ -88,9 +88,8 @@ def vocab_shard(vocab_size: int, rank: int, size: int) -> tuple[int, int, int]:
     return start, min(per, vocab_size - start), per
 
 
-class VocabParallelEmbedding(nn.Module):
-    """The embedding rows [start, start + held) of the vocabulary (padded to `padded` rows); a token another rank
-    holds looks up zeros here, so the all-reduce sums exactly one real row per token."""
+class _VocabRows(nn.Module):
+    """This rank's rows [start, start + held) of a [vocabulary, hidden] weight, padded to an equal share."""
 
     def __init__(self, vocab_size: int, hidden_size: int, tp: TensorParallel):
         super().__init__()
@@ -98,6 +97,11 @@ class VocabParallelEmbedding(nn.Module):
         self.vocab_size = vocab_size
         self.start, self.held, padded = vocab_shard(vocab_size, tp.rank, tp.size)
         self.weight = nn.Parameter(torch.empty(padded, hidden_size), requires_grad=False)
+
+
+class VocabParallelEmbedding(_VocabRows):
+    """The embedding rows [start, start + held) of the vocabulary (padded to `padded` rows); a token another rank
+    holds looks up zeros here, so the all-reduce sums exactly one real row per token."""
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         local = input_ids - self.start
@@ -111,16 +115,9 @@ class VocabParallelEmbedding(nn.Module):
                 f"hidden={self.weight.shape[1]}, rank {self.tp.rank} of {self.tp.size}")
 
 
-class ParallelLMHead(nn.Module):
+class ParallelLMHead(_VocabRows):
     """This rank's vocabulary rows of the LM head: rank 0 gets the whole [rows, vocab] logits (gathered, in the
     model's dtype as unsharded), the others their own [rows, padded shard] block."""
-
-    def __init__(self, vocab_size: int, hidden_size: int, tp: TensorParallel):
-        super().__init__()
-        self.tp = tp
-        self.vocab_size = vocab_size
-        self.start, self.held, padded = vocab_shard(vocab_size, tp.rank, tp.size)
-        self.weight = nn.Parameter(torch.empty(padded, hidden_size), requires_grad=False)
 
     @property
     def logits_size(self) -> int:
