@@ -162,6 +162,9 @@ def main() -> None:
                     "sized before the draft loads, so leave it room)")
     ap.add_argument("--trust-replay", action="store_true", help="accept the replayed proposals whatever the "
                     "random-weight target's nearly tied logits say (its verification still runs): see trust_replay")
+    ap.add_argument("--verify-graphs", choices=("on", "off", "both"), default="on",
+                    help="verification steps as whole-step CUDA graphs (on), or piecewise graphs / eager (off), or "
+                    "each case both ways (an A/B on the same engine)")
     args = ap.parse_args()
     k = args.k
     spec = ({"method": "draft_model", "model": args.draft, "num_speculative_tokens": k} if args.draft
@@ -169,13 +172,15 @@ def main() -> None:
     llm = LLM(model=args.model, load_format="dummy", max_model_len=args.max_model_len, swap_space=0,
               quantization=args.quantization, num_kv_blocks=args.num_kv_blocks, speculative_config=spec)
     draft = llm.engine.scheduler.proposer if args.draft else None
+    verify_graphs = llm.engine.runner.verify_graphs
     vocab = llm.engine.config.model.vocab_size
     device = torch.cuda.get_device_properties(0).name if torch.cuda.is_available() else "cpu"
     result = {"command": "PYTHONPATH=. python " + " ".join(sys.argv), "device": device, "torch": torch.__version__,
               "model": os.path.basename(args.model) + " (random weights, bf16)", "k": k,
               "input_len": args.input_len, "output_len": args.output_len,
-              "verification_steps": "piecewise CUDA graphs" if llm.engine.runner.piecewise_graphs is not None
-              else "eager", "trust_replay": args.trust_replay, "cases": []}
+              "verification_steps": "verify_graphs on: whole-step CUDA graphs (1 + k tokens per sequence); off: "
+              + ("piecewise CUDA graphs" if llm.engine.runner.piecewise_graphs is not None else "eager"),
+              "trust_replay": args.trust_replay, "cases": []}
     rng = random.Random(0)
     for batch in [int(b) for b in args.batches.split(",")]:
         prompts = [[rng.randrange(vocab // 8, vocab - vocab // 8) for _ in range(args.input_len)] for _ in range(batch)]
@@ -193,15 +198,17 @@ def main() -> None:
         if draft is not None:
             cases = [(name + " + draft forwards", PaidReplay(draft, prop)) for name, prop in cases]
         cases.append(("random", RandomProposer(vocab)))
-        for name, prop in cases:
+        modes = ("on", "off") if args.verify_graphs == "both" else (args.verify_graphs,)
+        for (name, prop), mode in [(c, m) for c in cases for m in modes]:
             set_proposer(llm, prop, k)
+            llm.engine.runner.verify_graphs = verify_graphs if mode == "on" else None
             r = run(llm, prompts, args.output_len)
             same = sum(a == b for a, b in zip(r.pop("tokens"), plain["tokens"], strict=True))
-            r.update(batch=batch, proposer=name, speedup_vs_plain=r["batch_decode_tok_s"] / base,
+            r.update(batch=batch, proposer=name, verify_graphs=mode, speedup_vs_plain=r["batch_decode_tok_s"] / base,
                      outputs_identical_to_plain=f"{same}/{batch}")
             result["cases"].append(r)
-            log(f"batch {batch} {name}: acceptance {r['acceptance_rate']:.3f}, {r['batch_decode_tok_s']:.1f} tok/s "
-                f"decode (x{r['speedup_vs_plain']:.2f}), identical {same}/{batch}")
+            log(f"batch {batch} {name} (verify graphs {mode}): acceptance {r['acceptance_rate']:.3f}, "
+                f"{r['batch_decode_tok_s']:.1f} tok/s decode (x{r['speedup_vs_plain']:.2f}), identical {same}/{batch}")
         with open(args.out, "w") as f:
             json.dump(result, f, indent=1)
 

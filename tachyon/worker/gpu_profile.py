@@ -69,6 +69,11 @@ def profile_num_blocks(runner) -> int:
     activations = peak - scratch
     # piecewise graphs (steps with prefill tokens) keep a pool as large as the largest step's activations
     graphs = activations if cfg.mixed_cuda_graphs else 0
+    if cfg.speculative is not None:  # the verification graphs' logits buffer and their pool's logits (<= 320 rows)
+        from tachyon.worker.cuda_graphs import verify_sizes
+
+        q = 1 + cfg.speculative.num_speculative_tokens
+        graphs += 2 * verify_sizes(cfg.scheduler.max_num_seqs, q)[-1] * q * runner.model.logits_size * 4
     budget = total * cfg.cache.gpu_memory_utilization - non_torch - activations - graphs - (256 << 20)
     n = int(budget // runner.kv_bytes_per_block())
     if n < 2:

@@ -6,8 +6,9 @@ decode whose input token is still being sampled by a step in flight reads it fro
 device, so steps are queued back to back without the host in between.
 
 A sequence that speculates (1 + k new tokens: its last token and k proposals) sits with the prefill chunks: its
-k + 1 positions give k + 1 rows of logits, which tachyon.worker.spec_decode verifies. With CUDA graphs such a
-step is not a pure decode, so it replays the piecewise graphs (any token count) or runs eagerly without them.
+k + 1 positions give k + 1 rows of logits, which tachyon.worker.spec_decode verifies. With CUDA graphs, a step
+where every sequence verifies k proposals replays a whole-step graph of its own (CudaGraphs with q_len 1 + k);
+a step that mixes them with other tokens replays the piecewise graphs (any token count) or runs eagerly.
 
 Under tensor parallelism (`tp`) every rank has a runner over its shard of the model and of the KV pool (its KV
 heads, the same block ids). Rank 0's is the engine's: each step it sends the batch arrays to the other ranks
@@ -125,6 +126,7 @@ class ModelRunner:
         self.kv_caches: list[tuple[torch.Tensor, torch.Tensor]] = []
         self.num_blocks = 0
         self.cuda_graphs = None  # tachyon.worker.cuda_graphs.CudaGraphs once captured
+        self.verify_graphs = None  # the same for speculative decoding's steps of 1 + k tokens per sequence
         self.piecewise_graphs = None  # tachyon.worker.piecewise_graphs.PiecewiseGraphs once captured
         self.timings: dict[str, float] = {"load_weights_s": self.load_time_s}
         self._in_flight: deque[_InFlight] = deque()
@@ -321,11 +323,17 @@ class ModelRunner:
             self.tp.broadcast(input_ids)  # rank 0's, with the pending ids filled in from its steps in flight
         graphs = self.cuda_graphs
         prompt = None  # prompt logprobs: the full graph returns no hidden states, so such a step runs without it
+        verify = self.verify_graphs
         if (graphs is not None and x.num_decodes == len(x.q_lens) and graphs.fits(len(x.q_lens))
                 and x.prompt_rows is None):
             logits = graphs.replay(input_ids, x.positions, x.slot_mapping, x.seq_lens, x.block_tables)
             if len(x.logits_indices) != len(x.q_lens):
                 logits = logits[self._to_device(x.logits_indices)]
+        elif (verify is not None and x.prompt_rows is None and verify.fits(len(x.q_lens))
+              and len(x.logits_indices) == len(x.positions) and all(q == verify.q_len for q in x.q_lens)):
+            # every sequence verifies k proposals (all its rows sampled, in order): the whole step is a graph.
+            # Decided from the arrays alone, so tensor-parallel ranks (which get no drafts) take the same path.
+            logits = verify.replay(input_ids, x.positions, x.slot_mapping, x.seq_lens, x.block_tables)
         else:
             pw = self.piecewise_graphs
             if pw is not None and pw.fits(len(x.positions)):
@@ -454,6 +462,12 @@ class ModelRunner:
         self.cuda_graphs = CudaGraphs.capture(self)
         torch.cuda.synchronize()
         self.timings["cuda_graph_capture_s"] = time.perf_counter() - t0
+        spec = self.config.speculative
+        if spec is not None:
+            t0 = time.perf_counter()
+            self.verify_graphs = CudaGraphs.capture(self, q_len=1 + spec.num_speculative_tokens)
+            torch.cuda.synchronize()
+            self.timings["verify_graph_capture_s"] = time.perf_counter() - t0
         if self.config.mixed_cuda_graphs:
             from tachyon.worker.piecewise_graphs import PiecewiseGraphs
 
