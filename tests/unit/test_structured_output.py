@@ -4,6 +4,8 @@ later says so when its sequence is updated, rather than blaming the sampled toke
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from tachyon.engine.structured_output import GrammarCompiler
@@ -13,6 +15,8 @@ from tests.tiny_checkpoint import write_wordlevel_tokenizer
 
 pytest.importorskip("xgrammar")
 
+MODELS = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "benchmarks",
+                      "models")
 WORDS = ["a", "x", "hello"]  # ids 3, 4, 5
 A, X = 3, 4
 
@@ -49,3 +53,25 @@ def test_a_dead_end_later_is_named_as_such(grammars):
                                            "can continue the output"):
         m.accept(0)  # what argmax picks from a row the mask set all to -inf
     assert grammars.compile(StructuredOutputsParams(choice=["a", "xa"])) is not None  # spellable: compiles
+
+
+def test_the_gpu_benchmark_models_and_the_benchmark_schema():
+    """benchmarks/structured_overhead.py's schema on the GPU: llama3-8b-structured (Llama-3-8B's body, SmolLM2's
+    BPE tokenizer) spells it; llama3-8b-serve's synthetic word vocabulary is refused at compile."""
+    from benchmarks.structured_overhead import SCHEMA
+    from tachyon.config import ModelConfig
+
+    spec = StructuredOutputsParams(json=SCHEMA)
+    structured = os.path.join(MODELS, "llama3-8b-structured")
+    cfg, tok = ModelConfig.from_file(structured), load_tokenizer(structured)
+    assert (cfg.vocab_size, len(tok), cfg.eos_token_ids, tok.convert_ids_to_tokens(2)) == (49152, 49152, [2],
+                                                                                           "<|im_end|>")
+    grammars = GrammarCompiler(tok, cfg.vocab_size, cfg.eos_token_ids)
+    m = grammars.matcher(grammars.compile(spec))
+    for token in tok.encode('[{"name": "', add_special_tokens=False):
+        m.accept(token)
+    assert m.allows_any_token()
+    serve = os.path.join(MODELS, "llama3-8b-serve")
+    grammars = GrammarCompiler(load_tokenizer(serve), ModelConfig.from_file(serve).vocab_size, [128009])
+    with pytest.raises(InvalidRequestError, match="^the JSON schema cannot be produced with this model's tokenizer"):
+        grammars.compile(spec)
