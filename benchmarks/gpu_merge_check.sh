@@ -26,7 +26,7 @@ mkdir -p /tmp/site && python -m pip install -q --no-index --no-deps --no-compile
   .whl/xgrammar-*.whl .whl/apache_tvm_ffi-*.whl .whl/pydantic-2*.whl .whl/pydantic_core-*.whl \
   .whl/annotated_types-*.whl .whl/typing_inspection-*.whl > /dev/null 2>&1
 [ $(left) -gt 60 ] && PYTHONPATH=.:/tmp/site timeout $(( $(left) > 140 ? 120 : $(left) - 20 )) \
-  python benchmarks/structured_overhead.py --model benchmarks/models/llama3-8b-serve --load-format dummy \
+  python benchmarks/structured_overhead.py --model benchmarks/models/llama3-8b-structured --load-format dummy \
   --max-tokens 256 --repeats 2 --out "$OUT/structured_overhead" > "$OUT/structured.log" 2>&1
 tail -6 "$OUT/structured.log" | cut -c1-300
 for kv in auto fp8; do

@@ -1,5 +1,6 @@
 """Tiny random Llama-family checkpoints written with torch and safetensors only (no transformers import, which
-alone costs seconds; and the GPU image has it, this needs nothing more): tests and GPU check scripts share them."""
+alone costs seconds; and the GPU image has it, this needs nothing more): tests and GPU check scripts share them.
+Also a word-level tokenizer (with `tokenizers` only) whose vocabulary is a few given words."""
 
 from __future__ import annotations
 
@@ -50,3 +51,17 @@ def write_tiny_qwen2(path, heads: int, kv_heads: int, quant: str | None = None) 
     with open(os.path.join(path, "config.json"), "w") as f:
         json.dump(cfg, f)
     return str(path)
+
+
+def write_wordlevel_tokenizer(path, words: list[str]) -> None:
+    """tokenizer.json + tokenizer_config.json in `path`: ids 0, 1, 2 are <unk>, <s>, </s>, then `words` (split on
+    whitespace, nothing else): a vocabulary that spells only what its words do."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    vocab = {w: i for i, w in enumerate(["<unk>", "<s>", "</s>", *words])}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok.save(os.path.join(path, "tokenizer.json"))
+    with open(os.path.join(path, "tokenizer_config.json"), "w") as f:
+        json.dump({"tokenizer_class": "PreTrainedTokenizerFast", "unk_token": "<unk>", "bos_token": "<s>",
+                   "eos_token": "</s>"}, f)

@@ -17,7 +17,9 @@ Either way no step waits for a compile: only the request that needs the grammar 
 
 The bitmask is xgrammar's: int32 words, bit j of word w allows token 32 * w + j. The tokenizer info is built for
 the model's vocabulary (the logits' width), with the engine's EOS ids as the grammar's stop tokens, so a
-constrained sequence can end only where its grammar accepts.
+constrained sequence can end only where its grammar accepts. A spec whose grammar no token of the vocabulary can
+start (JSON with a tokenizer of words that has no `{`) is refused at compile, once per spec: a 400. A grammar that
+dead-ends later leaves its mask row all zero; the token then sampled fails `accept`, which says which case it is.
 """
 
 from __future__ import annotations
@@ -37,6 +39,11 @@ def _xgrammar():
         raise InvalidRequestError("structured outputs need xgrammar, which this server lacks: "
                                   "pip install xgrammar (or tachyon[serve])", "structured_outputs") from None
     return xgrammar
+
+
+# what each kind of StructuredOutputsParams.key() is called in an error message
+_SPEC_NAMES = {"json": "JSON schema", "json_object": "JSON object grammar", "regex": "regex", "choice": "choice list",
+               "grammar": "EBNF grammar"}
 
 
 def choice_ebnf(choices: list[str]) -> str:
@@ -97,11 +104,12 @@ class GrammarCompiler:
             else:
                 compiled = compiler.compile_grammar(text)
         except (RuntimeError, ValueError, TypeError) as e:
-            what = {"json": "JSON schema", "json_object": "JSON object grammar", "regex": "regex",
-                    "choice": "choice list", "grammar": "EBNF grammar"}[kind]
             why = str(e).strip().splitlines()[-1] if str(e).strip() else type(e).__name__
-            raise InvalidRequestError(f"the {what} cannot be compiled: {_strip_location(why)}",
+            raise InvalidRequestError(f"the {_SPEC_NAMES[kind]} cannot be compiled: {_strip_location(why)}",
                                       "structured_outputs") from None
+        if not self.matcher(compiled).allows_any_token():  # once per spec: a cached grammar passed it
+            raise InvalidRequestError(f"the {_SPEC_NAMES[kind]} cannot be produced with this model's tokenizer: "
+                                      f"no token of its vocabulary can start it", "structured_outputs")
         with self._lock:
             self._cache[key] = compiled
             while len(self._cache) > self.cache_size:
@@ -121,7 +129,7 @@ class GrammarCompiler:
         return self._pool.submit(self.compile, spec)
 
     def matcher(self, compiled) -> GrammarMatcher:
-        return GrammarMatcher(_xgrammar().GrammarMatcher(compiled))
+        return GrammarMatcher(_xgrammar().GrammarMatcher(compiled), self.vocab_size)
 
 
 _batch_matcher = None  # xgrammar's BatchGrammarMatcher (its threads), made at the first batch of grammars
@@ -130,10 +138,11 @@ _batch_matcher = None  # xgrammar's BatchGrammarMatcher (its threads), made at t
 class GrammarMatcher:
     """One sequence's position in its grammar: which tokens may come next, and the tokens it has taken."""
 
-    __slots__ = ("_m",)
+    __slots__ = ("_m", "vocab_size")
 
-    def __init__(self, matcher):
+    def __init__(self, matcher, vocab_size: int):
         self._m = matcher
+        self.vocab_size = vocab_size
 
     def fill_bitmask(self, bitmask, row: int) -> None:
         """Write the allowed-token bits of the next token into row `row` of an int32 [rows, ceil(V/32)] tensor."""
@@ -149,8 +158,18 @@ class GrammarMatcher:
             _batch_matcher = _xgrammar().BatchGrammarMatcher()
         _batch_matcher.batch_fill_next_token_bitmask([g._m for g in grammars], bitmask)
 
+    def allows_any_token(self) -> bool:
+        """Whether some token (a stop token included) may come next: False at a dead end of the grammar, where
+        the model's vocabulary cannot spell anything the grammar allows."""
+        bitmask = _xgrammar().allocate_token_bitmask(1, self.vocab_size)
+        self._m.fill_next_token_bitmask(bitmask, 0)
+        return bool(bitmask.any())
+
     def accept(self, token: int) -> None:
-        if not self._m.accept_token(token):
+        if not self._m.accept_token(token):  # the matcher is unchanged: ask it why, off the per-step path
+            if not self.allows_any_token():
+                raise RuntimeError("the grammar allows no token here: no token of this model's vocabulary can "
+                                   "continue the output (its tokenizer cannot spell what the grammar needs next)")
             raise RuntimeError(f"token {token} does not follow the grammar (the sampler's mask allowed it)")
 
     @property

@@ -157,3 +157,54 @@ def test_offline_structured_outputs_never_run_ahead():
 @pytest.fixture(scope="module")
 def client(server):
     return openai.OpenAI(base_url=f"{server.url}/v1", api_key=API_KEY, max_retries=0, timeout=60)
+
+
+@pytest.fixture(scope="module")
+def wordlevel_llm(tmp_path_factory):
+    """A tiny random Llama whose tokenizer has the words a, x, hello and nothing that spells JSON."""
+    from tachyon import LLM
+    from tests.tiny_checkpoint import write_wordlevel_tokenizer
+
+    path = tmp_path_factory.mktemp("wordlevel_llama")
+    (path / "config.json").write_text(json.dumps({
+        "architectures": ["LlamaForCausalLM"], "vocab_size": 64, "hidden_size": 64, "intermediate_size": 128,
+        "num_hidden_layers": 1, "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 128,
+        "bos_token_id": 1, "eos_token_id": 2}))
+    write_wordlevel_tokenizer(path, ["a", "x", "hello"])
+    return LLM(str(path), load_format="dummy", dtype="float32", swap_space=0, kv_cache_memory_gib=0.01)
+
+
+def test_a_grammar_the_tokenizer_cannot_spell_is_a_400_and_a_dead_end_ends_its_request(wordlevel_llm):
+    """JSON from a vocabulary of words: refused before it runs (LLM.generate and HTTP alike), naming the tokenizer.
+    A regex whose first character it can spell and whose second it cannot: the request ends with an error that
+    says the grammar allows no token there; the blocks all come back."""
+    import httpx
+
+    from tachyon import SamplingParams
+    from tachyon.engine.async_engine import AsyncEngine
+    from tachyon.sampling_params import StructuredOutputsParams
+    from tachyon.server.app import create_app
+
+    llm = wordlevel_llm
+    refused = "the JSON object grammar cannot be produced with this model's tokenizer: no token of its vocabulary " \
+              "can start it"
+    with pytest.raises(ValueError, match=f"^{refused}$"):
+        llm.generate("a", SamplingParams(max_tokens=4, structured_outputs=StructuredOutputsParams(json_object=True)))
+
+    async def post() -> httpx.Response:
+        # no lifespan: the request is refused before it reaches the engine loop
+        app = create_app(AsyncEngine(llm.engine), "tiny")
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test") as client:
+            return await client.post("/v1/completions", json={"prompt": "hello", "max_tokens": 4,
+                                                              "response_format": {"type": "json_object"}})
+
+    r = _run(post())
+    assert (r.status_code, r.json()) == (400, {"error": {"message": f"response_format: {refused}",
+                                                         "type": "BadRequestError", "param": "response_format",
+                                                         "code": 400}})
+    out = llm.generate("hello", SamplingParams(temperature=0, max_tokens=4,
+                                               structured_outputs=StructuredOutputsParams(regex="ab")))[0]
+    assert out.outputs[0].finish_reason == "error"
+    assert out.error == ("RuntimeError: the grammar allows no token here: no token of this model's vocabulary can "
+                         "continue the output (its tokenizer cannot spell what the grammar needs next)")
+    assert llm.engine.kv.num_free_blocks == llm.engine.kv.num_blocks
