@@ -43,7 +43,10 @@ class SchedulerOutput:
     swap_in: list[tuple[int, int]] = field(default_factory=list)  # (CPU block, device block) to copy in
     # the most steps that may stay in flight once this one is submitted (0: collect it before the next)
     max_in_flight: int = 0
-    sync: bool = False  # nothing scheduled: the steps in flight must land first (to preempt, or for penalties)
+    sync: bool = False  # nothing scheduled: the steps in flight must land first (to preempt, or to speculate)
+    # a sequence's sampling reads a token the step in flight is still sampling (a grammar, penalties): the
+    # runner queues the forward now and the sampling when the engine says that step has landed
+    defer_sampling: bool = False
 
     @property
     def num_tokens(self) -> int:
@@ -84,6 +87,10 @@ class ModelRunner(Protocol):
     def submit(self, sched: SchedulerOutput) -> object:
         """Queue the step; returns a handle for collect. Raises if the batch cannot run (the engine then
         runs each sequence alone)."""
+
+    def sample_deferred(self, handle: object) -> None:
+        """Queue the sampling of a step submitted with `defer_sampling` (every step before it has been
+        collected); a no-op for other steps."""
 
     def collect(self, handle: object) -> ModelRunnerOutput:
         """Wait for a submitted step (in submission order) and return its sampled tokens."""

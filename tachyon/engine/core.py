@@ -211,7 +211,26 @@ class EngineCore:
         limit = sched.max_in_flight if sched.seqs else max(0, len(self.in_flight) - 1)
         while len(self.in_flight) > limit:
             outputs += self._collect_oldest()
+        if self.in_flight:  # a step whose sampling waited for the ones before it: they have landed
+            outputs += self._sample_deferred()
         return outputs
+
+    def _sample_deferred(self) -> list[EngineCoreOutput]:
+        """Queue the oldest step's deferred sampling (SchedulerOutput.defer_sampling); if it raises, that step's
+        requests fail as a step that cannot be collected does."""
+        sched, handle = self.in_flight[0]
+        try:
+            self.runner.sample_deferred(handle)
+            return []
+        except Exception as e:
+            if is_device_fault(e):
+                raise
+            self.in_flight.popleft()
+            self.runner.collect(handle)  # off the runner's queue too (nothing was sampled: it returns at once)
+            outputs = []
+            for rid in dict.fromkeys(s.seq.request_id for s in sched.seqs):
+                outputs += self._fail(rid, e)
+            return outputs
 
     def _submit(self, sched: SchedulerOutput) -> list[EngineCoreOutput]:
         """Queue the step. If the batch raises, the steps in flight land and each sequence runs alone; only
@@ -245,6 +264,7 @@ class EngineCore:
     def _collect_oldest(self) -> list[EngineCoreOutput]:
         sched, handle = self.in_flight.popleft()
         try:
+            self.runner.sample_deferred(handle)  # the steps before it landed; a no-op for most steps
             result = self.runner.collect(handle)
         except Exception as e:
             if is_device_fault(e):

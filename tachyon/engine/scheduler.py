@@ -12,10 +12,14 @@ the scheduler answers `sync` and the engine lets the steps in flight land:
     a running sequence needs a block and none is free   ─► preempt the newest running sequence (its blocks
                                                             are freed and it recomputes later, or its KV is
                                                             swapped out to the CPU)
-    a sequence's sampling reads its own history         ─► penalties, or a grammar (its next mask follows from
-                                                            every token before): it runs with nothing else in
-                                                            flight
     a sequence speculates                               ─► its proposals continue its known tokens
+
+A sequence whose sampling reads its own history (penalties, a grammar: its next mask follows from every token
+before) does not need the host to have its tokens for the *forward*, only for the *sampling*. Such a step may
+be queued while the step before it is in flight (`defer_sampling`): its forward runs on the device while that
+step lands and the host updates the grammars and outputs; then the engine queues its sampling (still before
+the forward ends when the host keeps up). It keeps one step ahead, no more (its sampling waits for the step
+before to land).
 
 Speculative decoding (a `Proposer` given): a decoding sequence whose tokens are all on the host gets up to k
 proposed tokens after its last one, inside the same budget, and the step verifies them. Its update appends the
@@ -84,7 +88,7 @@ class Scheduler:
         """The next step. With steps in flight, it never preempts: it answers `sync` instead."""
         out = SchedulerOutput()
         budget = self.config.max_num_batched_tokens
-        history = False
+        history = verify = False
         max_len = self.config.max_model_len
         late: list[tuple[ScheduledSeq, int]] = []  # speculating sequences a proposer that writes KV serves last
         i = 0
@@ -96,10 +100,14 @@ class Scheduler:
             n = min(seq.num_tokens - seq.num_computed_tokens, budget)
             sample = seq.num_computed_tokens + n == seq.num_tokens
             k = self._spec_cap(seq, budget) if seq.num_tokens - seq.num_computed_tokens == 1 else 0
-            if reads_history(seq) or k:
+            if k:
                 if seq.num_pending_tokens:
                     return SchedulerOutput(sync=True)
+                verify = True
+            elif reads_history(seq):
                 history = True
+                if seq.num_pending_tokens:  # its token of the step in flight: known to the host before sampling
+                    out.defer_sampling = True
             drafts = []
             if k and not self.proposer.needs_slots:  # proposals first, so only the tokens proposed get blocks
                 drafts = self.proposer.propose([seq], [k])[0][:k]
@@ -127,8 +135,9 @@ class Scheduler:
             s.seq.num_computed_tokens += s.num_new_tokens
             if s.sample:
                 s.seq.num_pending_tokens += 1
-        if not (history or out.preempted or out.swap_in):
-            out.max_in_flight = self.config.num_scheduler_steps - 1
+        if not (verify or out.preempted or out.swap_in):
+            ahead = self.config.num_scheduler_steps - 1
+            out.max_in_flight = min(ahead, 1) if history else ahead
         return out
 
     def _spec_cap(self, seq: Sequence, budget: int) -> int:

@@ -83,6 +83,7 @@ class _InFlight:
     event: torch.cuda.Event | None
     num_accepted: torch.Tensor | None = None  # per sampled row (speculative decoding), beside `sample`
     prompt: PromptLogprobs | None = None  # prompt logprobs (host copies on CUDA, as `sample`)
+    deferred: tuple | None = None  # (logits, inputs) of a step whose sampling waits for sample_deferred
 
 
 class ModelRunner:
@@ -308,7 +309,9 @@ class ModelRunner:
         if self.is_driver:
             if prompt is not None:
                 handle.prompt = prompt.with_tensors(self._to_host(prompt.tensors()))
-            if x.sample_reqs:
+            if x.sample_reqs and sched.defer_sampling:
+                handle.deferred = (logits, x)
+            elif x.sample_reqs:
                 self._queue_sample(handle, logits, x)
             if handle.prompt is not None and handle.event is None and self.device.type == "cuda":
                 handle.event = torch.cuda.Event()
@@ -347,6 +350,15 @@ class ModelRunner:
                 prompt = compute_prompt_logprobs(self.model, hidden, x.prompt_rows, self.config.model.vocab_size,
                                                  self.is_driver)
         return logits, prompt
+
+    def sample_deferred(self, handle: _InFlight) -> None:
+        """Queue the sampling of a step submitted with `defer_sampling`, once every step before it has landed
+        (the host knows their tokens: grammars and outputs are up to date). Its forward may still be running."""
+        if handle.deferred is not None:
+            logits, x = handle.deferred
+            handle.deferred = None
+            with torch.inference_mode():
+                self._queue_sample(handle, logits, x)
 
     def _queue_sample(self, handle: _InFlight, logits: torch.Tensor, x: StepInputs) -> None:
         sample, num_accepted = self._sample(logits, x)
@@ -414,6 +426,7 @@ class ModelRunner:
         """The sampled tokens of a submitted step (the oldest one not yet collected); waits for it to land."""
         oldest = self._in_flight.popleft()
         assert oldest is handle, "steps are collected in the order they were submitted"
+        assert handle.deferred is None, "a step's deferred sampling is queued before it is collected"
         if handle.sample is None and handle.prompt is None:
             return None
         if handle.event is not None:

@@ -151,7 +151,7 @@ class Sampler:
     def _apply_logit_processors(self, logits: torch.Tensor, reqs: list[Sequence]) -> torch.Tensor:
         """logit_bias (added), allowed_token_ids (all others -inf), bad words (a word's last token -inf where the
         output ends with the rest of it; a one-token word always). Multi-token bad words read the output, so
-        their sequences run with no step ahead in flight (scheduler.reads_history)."""
+        their steps' sampling waits for the step before to land (scheduler.reads_history, defer_sampling)."""
         rows = [i for i, r in enumerate(reqs) if (r.sampling_params.logit_bias or r.sampling_params.allowed_token_ids
                                                   or r.sampling_params.bad_words_token_ids)]
         if not rows:
@@ -175,7 +175,9 @@ class Sampler:
         return logits
 
     def _apply_grammars(self, logits: torch.Tensor, reqs: list[Sequence]) -> torch.Tensor:
-        rows = [i for i, r in enumerate(reqs) if r.grammar is not None]
+        # a sequence that finished while this step was in flight (its sampling deferred) is not masked: its
+        # grammar may be terminated, and its token is dropped anyway
+        rows = [i for i, r in enumerate(reqs) if r.grammar is not None and not r.is_finished]
         if not rows:
             return logits
         bitmask = torch.empty((len(rows), (self.vocab_size + 31) // 32), dtype=torch.int32,

@@ -125,12 +125,17 @@ def test_swap_out_and_in_name_exact_block_pairs():
     s.kv.check_integrity([b])
 
 
-def test_penalties_and_pending_tokens_ask_for_sync():
+def test_penalties_run_one_step_ahead_with_their_sampling_deferred():
     s = _sched()
     a = _seq("a", 5, repetition_penalty=1.2)
     s.add(a)
     out = s.schedule()
-    assert _split(out) == [("a", 0, 5, True)] and out.max_in_flight == 0
-    assert s.schedule(num_in_flight=1).sync  # its next input is pending and its sampling reads it
+    # the prompt's step reads no pending token: sampled at once, and one step (not two) may follow it
+    assert _split(out) == [("a", 0, 5, True)] and out.max_in_flight == 1 and not out.defer_sampling
+    nxt = s.schedule(num_in_flight=1)  # its input is the token the step in flight samples
+    assert _split(nxt) == [("a", 5, 1, True)] and nxt.defer_sampling and nxt.max_in_flight == 1
+    assert a.num_pending_tokens == 2
     _land(s, out, {"a": 1})
-    assert _split(s.schedule()) == [("a", 5, 1, True)]
+    _land(s, nxt, {"a": 2})
+    assert a.output_token_ids == [1, 2] and a.num_pending_tokens == 0
+    assert _split(s.schedule()) == [("a", 6, 1, True)]

@@ -160,11 +160,13 @@ def test_preemption_waits_for_the_steps_in_flight(tiny):
         assert llm.engine.kv.num_free_blocks == llm.engine.kv.num_blocks
 
 
-def test_penalties_run_with_nothing_in_flight(tiny):
-    """A sequence whose sampling reads its own history is never scheduled behind its own pending token."""
+def test_penalties_run_one_step_ahead_with_deferred_sampling(tiny):
+    """A sequence whose sampling reads its own history is scheduled behind its own pending token only with the
+    step's sampling deferred, one step ahead at most; its tokens equal those of an engine with no step ahead."""
     path, _ = tiny
     prompts = _prompts(2, seed=8)
-    params = [SamplingParams(temperature=0, max_tokens=10, repetition_penalty=1.3, ignore_eos=True),
+    params = [SamplingParams(temperature=0, max_tokens=10, repetition_penalty=1.3, frequency_penalty=0.5,
+                             ignore_eos=True),
               SamplingParams(temperature=0, max_tokens=10, ignore_eos=True)]
     results = []
     for steps in (1, 4):
@@ -172,9 +174,12 @@ def test_penalties_run_with_nothing_in_flight(tiny):
         spied = _spy(llm)
         results.append([o.outputs[0].token_ids for o in llm.generate([{"prompt_token_ids": p} for p in prompts],
                                                                       params)])
-        for _, out in spied:
-            if any(s.seq.sampling_params.repetition_penalty != 1.0 for s in out.seqs):
-                assert out.num_placeholders == 0 and out.max_in_flight == 0
+        penalised = [out for _, out in spied if any(s.seq.sampling_params.repetition_penalty != 1.0
+                                                    for s in out.seqs)]
+        assert all(out.max_in_flight <= 1 and (out.num_placeholders == 0 or out.defer_sampling)
+                   for out in penalised)
+        if steps > 1:
+            assert any(out.num_placeholders and out.defer_sampling for out in penalised)
     assert results[0] == results[1]
 
 
