@@ -227,10 +227,14 @@ class EngineCore:
                 raise
             self.in_flight.popleft()
             self.runner.collect(handle)  # off the runner's queue too (nothing was sampled: it returns at once)
-            outputs = []
-            for rid in dict.fromkeys(s.seq.request_id for s in sched.seqs):
-                outputs += self._fail(rid, e)
-            return outputs
+            return self._fail_step(sched, e)
+
+    def _fail_step(self, sched: SchedulerOutput, e: Exception) -> list[EngineCoreOutput]:
+        """A step's tokens are lost: every request with a sequence in it fails."""
+        outputs = []
+        for rid in dict.fromkeys(s.seq.request_id for s in sched.seqs):
+            outputs += self._fail(rid, e)
+        return outputs
 
     def _submit(self, sched: SchedulerOutput) -> list[EngineCoreOutput]:
         """Queue the step. If the batch raises, the steps in flight land and each sequence runs alone; only
@@ -269,10 +273,7 @@ class EngineCore:
         except Exception as e:
             if is_device_fault(e):
                 raise
-            outputs = []  # the step's tokens are lost: its sequences cannot go on
-            for rid in dict.fromkeys(s.seq.request_id for s in sched.seqs):
-                outputs += self._fail(rid, e)
-            return outputs
+            return self._fail_step(sched, e)
         return self._finish_step(sched, result)
 
     def _finish_step(self, sched: SchedulerOutput, result: ModelRunnerOutput | None) -> list[EngineCoreOutput]:

@@ -42,6 +42,7 @@ class CudaGraphs:
         self.runner = runner
         self.sizes = sizes
         self.q_len = q_len
+        self.pad_seq_len = 0 if q_len == 1 else q_len  # a padding row's context (see the module docstring)
         dev = runner.device
         max_bs = sizes[-1]
         max_t = max_bs * q_len
@@ -51,7 +52,7 @@ class CudaGraphs:
         self.input_ids = torch.zeros(max_t, dtype=torch.long, device=dev)
         self.positions = torch.zeros(max_t, dtype=torch.long, device=dev)
         self.slot_mapping = torch.full((max_t,), -1, dtype=torch.long, device=dev)
-        self.seq_lens = torch.full((max_bs,), 0 if q_len == 1 else q_len, dtype=torch.int32, device=dev)
+        self.seq_lens = torch.full((max_bs,), self.pad_seq_len, dtype=torch.int32, device=dev)
         self.block_tables = torch.zeros(max_bs, self.max_blocks, dtype=torch.int32, device=dev)
         self.query_start_loc = torch.arange(max_bs + 1, dtype=torch.int32, device=dev) * q_len
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
@@ -106,7 +107,7 @@ class CudaGraphs:
                     use_pdl = ms["pdl"] < ms["plain"]
                 self.graphs[bs] = captured[use_pdl]
         pdl.enable(False)  # eager steps launch plainly: PDL is only kept where a replay measured it faster
-        self.seq_lens.fill_(0 if q_len == 1 else q_len)  # what _time_replay left in the inputs
+        self.seq_lens.fill_(self.pad_seq_len)  # what _time_replay left in the inputs
         self.block_tables.zero_()
         torch.cuda.current_stream().wait_stream(stream)
         return self
@@ -149,7 +150,7 @@ class CudaGraphs:
         st[1, :T] = slots
         st[1, T:] = -1
         st[2, :B] = seq_lens
-        st[2, B:bs] = 0 if q == 1 else q
+        st[2, B:bs] = self.pad_seq_len
         dev = self.input_ids.device
         staged = stage.to(dev, non_blocking=True)
         self.input_ids[:T].copy_(input_ids)
