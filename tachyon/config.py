@@ -49,7 +49,7 @@ def parse_kv_cache_dtype(kv_cache_dtype: str | torch.dtype, dtype: torch.dtype) 
                      f"(fp8_e5m2 is not implemented)")
 
 
-QUANTIZATION_METHODS = ("awq", "int8")
+QUANTIZATION_METHODS = ("awq", "int8", "fp8", "w8a8")
 
 
 @dataclass(slots=True, frozen=True)

@@ -56,6 +56,16 @@ def quantize_int8(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.round(w / scales[:, None]).clamp(-127, 127).to(torch.int8), scales
 
 
+FP8_MAX = 448.0  # E4M3's largest finite value
+
+
+def quantize_fp8(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """A dense [N, K] weight -> (float8_e4m3fn [N, K], fp32 scales [N]): absmax / 448 per output feature."""
+    w = w.float()
+    scales = w.abs().amax(dim=1).clamp(min=1e-12) / FP8_MAX
+    return (w / scales[:, None]).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn), scales
+
+
 class QuantLinear(nn.Module):
     """What both quantized layers share: the part bookkeeping of `load`, bias, and the reshape of forward."""
 
