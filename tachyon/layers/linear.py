@@ -309,7 +309,9 @@ class ScaledLinear(QuantLinear):
             if tensor.numel() != 1:
                 raise ValueError(f"checkpoint tensor {name} has {tensor.numel()} values: a static input scale is "
                                  f"one (per tensor)")
-            self.input_scale.data.copy_(torch.maximum(self.input_scale.data, tensor.float().reshape(1)))
+            v = tensor.float().reshape(1)
+            first = not any(k == "input_scale" for _, k in self._loaded)  # the parameter holds no value before
+            self.input_scale.data.copy_(v if first else torch.maximum(self.input_scale.data, v))
 
     def _matmul(self, x: torch.Tensor) -> torch.Tensor:
         if x.is_cuda:

@@ -175,6 +175,8 @@ class LlamaForCausalLM(nn.Module):
             name = name.removeprefix("model.")
             if "rotary_emb.inv_freq" in name:
                 continue
+            if name.endswith(("self_attn.k_scale", "self_attn.v_scale")):
+                continue  # an fp8 checkpoint's KV-cache scales: --kv-cache-dtype fp8 calibrates its own (kv_scales)
             if name == "lm_head.weight" and c.tie_word_embeddings:
                 continue
             if self.shard is not None:

@@ -16,7 +16,7 @@ from tachyon.kernels.quant_ref import scaled_linear_ref
 from tachyon.layers.linear import Fp8Linear, W8A8Linear, quantize_fp8, quantize_int8
 from tachyon.models.llama import LlamaForCausalLM
 from tachyon.plan import weight_breakdown
-from tests.conftest import hf_greedy, make_tiny_checkpoint
+from tests.conftest import make_tiny_checkpoint
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 LAYER = {"fp8": Fp8Linear, "w8a8": W8A8Linear}
@@ -61,6 +61,7 @@ def test_parts_land_in_a_fused_layer_and_keep_their_dtypes(method):
     fmt = "float-quantized" if method == "fp8" else "int-quantized"
     layer = LAYER[method](K, sum(parts), False, QuantConfig(method, checkpoint_format=fmt, static_input=True))
     layer = layer.to(torch.bfloat16)  # the engine casts the model to its dtype before loading
+    layer.input_scale.data.fill_(1e30)  # what torch.empty may hold: the engine allocates with to_empty
     assert layer.weight.dtype == layer.QTYPE and layer.weight_scale.dtype == torch.float32
     ws, start = [], 0
     for i, n in enumerate(parts):
@@ -115,6 +116,21 @@ def test_plan_counts_the_bytes_the_engine_holds(model, method):
 
 
 # -- the engine against transformers with W8A8 linears ----------------------------------------------------------
+# Quantized activations make greedy tokens fragile: a last-bit difference between two fp32 implementations (fused
+# qkv against three matmuls, paged attention against SDPA) can move a value across a rounding boundary of its
+# 8-bit grid, and a tiny random model's top two logits are often that close. So each token the engine picks must
+# be the reference's choice or within MARGIN (log-probability) of it, on the reference's own teacher-forced run.
+MARGIN = 0.02
+
+
+def assert_reference_agrees(hf, prompt: list[int], tokens: list[int]) -> None:
+    with torch.no_grad():
+        logits = hf(torch.tensor([prompt + tokens[:-1]])).logits[0, len(prompt) - 1:]
+    lp = torch.log_softmax(logits.float(), dim=-1)
+    gaps = lp.max(dim=-1).values - lp[torch.arange(len(tokens)), torch.tensor(tokens)]
+    assert gaps.max().item() <= MARGIN, f"engine tokens {tokens} fall {gaps.tolist()} below the reference's best"
+
+
 def _w8a8_transformers_(hf, method: str, static: bool) -> dict[str, torch.Tensor]:
     """Make every linear of the transformers model (not lm_head) compute scaled_linear_ref on its quantized
     weight; return a compressed-tensors checkpoint of it (k_proj's scale per tensor, the others per channel)."""
@@ -153,6 +169,8 @@ def test_checkpoint_greedy_matches_transformers(tmp_path, method, static):
     tensors = _w8a8_transformers_(hf, method, static)
     out = tmp_path / method
     out.mkdir()
+    if static:  # llm-compressor's kv_cache_scheme adds these; the engine calibrates its own fp8 KV scales
+        tensors.update({f"model.layers.{i}.self_attn.{kv}_scale": torch.tensor(0.1) for i in range(2) for kv in "kv"})
     save_file({k: v.contiguous() for k, v in tensors.items()}, str(out / "model.safetensors"))
     cfg = json.load(open(tmp_path / "dense" / "config.json"))
     cfg["quantization_config"] = ct_config("float" if method == "fp8" else "int", dynamic=not static)
@@ -164,7 +182,7 @@ def test_checkpoint_greedy_matches_transformers(tmp_path, method, static):
     got = llm.generate([{"prompt_token_ids": p} for p in prompts],
                        SamplingParams(temperature=0, max_tokens=12, ignore_eos=True))
     for p, o in zip(prompts, got, strict=True):
-        assert o.outputs[0].token_ids == hf_greedy(hf, p, 12)
+        assert_reference_agrees(hf, p, o.outputs[0].token_ids)
     assert llm.engine.kv.num_free_blocks == llm.engine.kv.num_blocks
 
 
@@ -182,7 +200,7 @@ def test_dense_checkpoint_quantized_while_loading_matches_transformers(tmp_path,
             mod.forward = forward
     p = list(range(20, 50))
     got = llm.generate({"prompt_token_ids": p}, SamplingParams(temperature=0, max_tokens=10, ignore_eos=True))
-    assert got[0].outputs[0].token_ids == hf_greedy(hf, p, 10)
+    assert_reference_agrees(hf, p, got[0].outputs[0].token_ids)
 
 
 def test_dummy_fp8_runs_and_holds_8bit_weights(tmp_path):
