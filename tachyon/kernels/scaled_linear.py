@@ -23,6 +23,7 @@ import triton
 import triton.language as tl
 
 from tachyon.kernels import pdl
+from tachyon.kernels.quant_linear import _int8_to_float, _num_sms, _output, _sum_splits, split_k
 from tachyon.kernels.quant_ref import SCALED_QMAX, check_scaled_args, quantize_rows_ref, scaled_linear_ref  # noqa: F401
 
 MAX_ROW_WALK_ROWS = 16  # up to this many rows a linear layer is bandwidth-bound: the row walk
@@ -69,7 +70,8 @@ def _w8a8_row_kernel(
         x = tl.load(x_row + kk, mask=mask_k, other=0.0).to(tl.float32)
         xq = _quantize(x / s_x, FP8, QMAX)
         w = tl.load(w_rows + kk[None, :], mask=mask_n[:, None] & mask_k[None, :], other=0)
-        acc += tl.sum(w.to(tl.float32) * xq[None, :], axis=1)
+        wf = w.to(tl.float32) if FP8 else _int8_to_float(w)
+        acc += tl.sum(wf * xq[None, :], axis=1)
     acc = acc * (tl.load(ws_ptr + offs_n, mask=mask_n, other=0.0) * s_x)
     if HAS_BIAS:
         acc += tl.load(b_ptr + offs_n, mask=mask_n, other=0.0).to(tl.float32)
@@ -132,8 +134,6 @@ def quantize_rows(x: torch.Tensor, qtype: torch.dtype, input_scale: torch.Tensor
 
 
 def _row_walk(x, weight, weight_scale, bias, input_scale, y, config: tuple) -> torch.Tensor:
-    from tachyon.kernels.quant_linear import _num_sms, _sum_splits, split_k
-
     block_n, block_k, warps, stages = config
     m, k = x.shape
     n = weight.shape[0]
@@ -172,8 +172,6 @@ def scaled_linear(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Ten
                   ) -> torch.Tensor:
     """x [M, K] @ W8A8 weight [N, K] (+ bias) -> [M, N] in x's dtype (the module docstring has the paths).
     config: the row walk's (BLOCK_N, BLOCK_K, num_warps, num_stages); force_walk: the row walk at any M."""
-    from tachyon.kernels.quant_linear import _output
-
     n, k = check_scaled_args(x, weight, weight_scale, bias, input_scale, "scaled_linear")
     if x.stride(-1) != 1:
         x = x.contiguous()
