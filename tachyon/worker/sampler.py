@@ -25,6 +25,15 @@ Sequence = Any  # tachyon.engine.sequence.Sequence: sampling_params, token_ids, 
 _NEG_INF = float("-inf")
 
 
+def to_device(data, device: torch.device, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """A host list as a tensor on `device`, without waiting for the device: on a GPU it is staged in pinned
+    memory and copied asynchronously. (`torch.tensor(data, device="cuda")` synchronizes the stream, so the host
+    would wait for every kernel queued before it: the forward a sampling step follows.)"""
+    if device.type != "cuda":
+        return torch.tensor(data, dtype=dtype, device=device)
+    return torch.tensor(data, dtype=dtype, pin_memory=True).to(device, non_blocking=True)
+
+
 def apply_token_bitmask(logits: torch.Tensor, rows: torch.Tensor, bitmask: torch.Tensor) -> torch.Tensor:
     """logits [S, V] with the rows `rows` [R] limited to the tokens their bitmask [R, ceil(V/32)] allows
     (a new tensor; others untouched)."""
@@ -161,17 +170,17 @@ class Sampler:
         for i in rows:
             r, sp = reqs[i], reqs[i].sampling_params
             if sp.allowed_token_ids:
-                keep = torch.tensor(sp.allowed_token_ids, device=dev)
+                keep = to_device(sp.allowed_token_ids, dev)
                 row = torch.full_like(logits[i], _NEG_INF)
                 row[keep] = logits[i, keep]
                 logits[i] = row
             if sp.logit_bias:
-                ids = torch.tensor(list(sp.logit_bias), device=dev)
-                logits[i, ids] += torch.tensor(list(sp.logit_bias.values()), device=dev, dtype=logits.dtype)
+                ids = to_device(list(sp.logit_bias), dev)
+                logits[i, ids] += to_device(list(sp.logit_bias.values()), dev, logits.dtype)
             banned = [w[-1] for w in sp.bad_words_token_ids or ()
                       if len(w) == 1 or r.output_token_ids[-(len(w) - 1):] == w[:-1]]
             if banned:
-                logits[i, torch.tensor(banned, device=dev)] = _NEG_INF
+                logits[i, to_device(banned, dev)] = _NEG_INF
         return logits
 
     def _apply_grammars(self, logits: torch.Tensor, reqs: list[Sequence]) -> torch.Tensor:
@@ -185,7 +194,7 @@ class Sampler:
         grammars = [reqs[i].grammar for i in rows]
         grammars[0].fill_bitmasks(grammars, bitmask)  # row j for grammars[j]
         dev = logits.device
-        return apply_token_bitmask(logits, torch.tensor(rows, device=dev), bitmask.to(dev, non_blocking=True))
+        return apply_token_bitmask(logits, to_device(rows, dev), bitmask.to(dev, non_blocking=True))
 
     def _apply_penalties(self, logits: torch.Tensor, reqs: list[Sequence]) -> torch.Tensor:
         rows = [i for i, r in enumerate(reqs) if (r.sampling_params.repetition_penalty != 1.0
@@ -199,14 +208,14 @@ class Sampler:
             r, sp = reqs[i], reqs[i].sampling_params
             row = logits[i]
             if sp.repetition_penalty != 1.0:
-                seen = torch.tensor(sorted(set(t for t in r.token_ids if t < V)), device=logits.device, dtype=torch.long)
+                seen = to_device(sorted(set(t for t in r.token_ids if t < V)), logits.device, torch.long)
                 if seen.numel():
                     vals = row[seen]
                     row[seen] = torch.where(vals > 0, vals / sp.repetition_penalty, vals * sp.repetition_penalty)
             if sp.presence_penalty != 0.0 or sp.frequency_penalty != 0.0:
                 out = r.output_token_ids
                 if out:
-                    counts = torch.bincount(torch.tensor(out, device=logits.device), minlength=V)[:V].to(row.dtype)
+                    counts = torch.bincount(to_device(out, logits.device), minlength=V)[:V].to(row.dtype)
                     row -= sp.frequency_penalty * counts + sp.presence_penalty * (counts > 0).to(row.dtype)
         return logits
 
@@ -222,14 +231,14 @@ class Sampler:
                 if banned:
                     if not cloned:
                         logits, cloned = logits.clone(), True
-                    logits[i, torch.tensor(sorted(banned), device=logits.device)] = _NEG_INF
+                    logits[i, to_device(sorted(banned), logits.device)] = _NEG_INF
         return logits
 
     def _sample_random(self, logits: torch.Tensor, reqs: list[Sequence], greedy: list[bool]) -> torch.Tensor:
         probs = self.target_probs(logits, reqs, greedy)
         tokens = (probs / self.exponential_noise(probs, reqs)).argmax(dim=-1)
         if any(greedy):
-            g = torch.tensor(greedy, device=logits.device)
+            g = to_device(greedy, logits.device)
             tokens = torch.where(g, logits.argmax(dim=-1), tokens)
         return tokens
 
@@ -239,17 +248,17 @@ class Sampler:
         V = logits.shape[1]
         params = [r.sampling_params for r in reqs]
         dev = logits.device
-        temp = torch.tensor([1.0 if g else sp.temperature for g, sp in zip(greedy, params, strict=True)], device=dev)
+        temp = to_device([1.0 if g else sp.temperature for g, sp in zip(greedy, params, strict=True)], dev)
         x = logits / temp.unsqueeze(1)
         top_k = [sp.top_k for sp in params]
         if any(k > 0 for k in top_k):
-            k_t = torch.tensor([k if k > 0 else V for k in top_k], device=dev)
+            k_t = to_device([k if k > 0 else V for k in top_k], dev)
             kth = x.sort(dim=-1, descending=True).values.gather(1, (k_t.clamp(max=V) - 1).view(-1, 1))
             x = x.masked_fill(x < kth, _NEG_INF)
         probs = x.softmax(dim=-1)
         top_p = [sp.top_p for sp in params]
         if any(p < 1.0 for p in top_p):
-            p_t = torch.tensor(top_p, device=dev).view(-1, 1)
+            p_t = to_device(top_p, dev).view(-1, 1)
             sorted_p, idx = probs.sort(dim=-1, descending=True)
             cum = sorted_p.cumsum(dim=-1)
             drop_sorted = (cum - sorted_p) >= p_t  # keep the smallest set whose mass reaches top_p
@@ -257,7 +266,7 @@ class Sampler:
             probs = probs.masked_fill(drop, 0.0)
         min_p = [sp.min_p for sp in params]
         if any(m > 0 for m in min_p):
-            m_t = torch.tensor(min_p, device=dev).view(-1, 1)
+            m_t = to_device(min_p, dev).view(-1, 1)
             probs = probs.masked_fill(probs < m_t * probs.max(dim=-1, keepdim=True).values, 0.0)
         return probs
 

@@ -29,7 +29,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from tachyon.worker.sampler import Sampler
+from tachyon.worker.sampler import Sampler, to_device
 
 
 def verify(sampler: Sampler, logits: torch.Tensor, reqs: list, drafts: list[list[int]],
@@ -45,14 +45,14 @@ def verify(sampler: Sampler, logits: torch.Tensor, reqs: list, drafts: list[list
     logits = sampler.process_logits(logits, row_reqs, row_outputs)  # min_tokens holds per position
 
     # [B, K+1] row of each (sequence, position); positions past k_b repeat the sequence's last row
-    k_t = torch.tensor(ks, device=dev)
+    k_t = to_device(ks, dev)
     first = torch.cumsum(k_t + 1, 0) - (k_t + 1)
     pos = torch.arange(K + 1, device=dev)
     rows = first.unsqueeze(1) + torch.minimum(pos.unsqueeze(0), k_t.unsqueeze(1))
     d_host = np.zeros((B, K), dtype=np.int64)  # proposals, padded; one copy to the device
     for b, dr in enumerate(drafts):
         d_host[b, : len(dr)] = dr
-    d = torch.from_numpy(d_host).to(dev)
+    d = to_device(d_host, dev)
     valid = pos[:K].unsqueeze(0) < k_t.unsqueeze(1)
 
     greedy = [r.sampling_params.greedy for r in reqs]
@@ -67,7 +67,7 @@ def verify(sampler: Sampler, logits: torch.Tensor, reqs: list, drafts: list[list
         for b, r in enumerate(reqs):
             if r.generator is not None:
                 u[b] = torch.rand(K, device=dev, generator=r.generator)
-        g = torch.tensor(greedy, device=dev).unsqueeze(1)
+        g = to_device(greedy, dev).unsqueeze(1)
         accept = torch.where(g, accept, u < p_d)
     accept &= valid
     num_accepted = torch.cumprod(accept.long(), dim=1).sum(dim=1)  # leading accepted proposals
@@ -84,5 +84,5 @@ def verify(sampler: Sampler, logits: torch.Tensor, reqs: list, drafts: list[list
         empty = residual.sum(dim=-1, keepdim=True) <= 0
         residual = torch.where(empty, probs[stop_rows], residual)
         sampled = (residual / sampler.exponential_noise(residual, reqs)).argmax(dim=-1)
-        tokens = torch.where(torch.tensor(greedy, device=dev), tokens, sampled)
+        tokens = torch.where(to_device(greedy, dev), tokens, sampled)
     return tokens, num_accepted
