@@ -839,7 +839,7 @@ def main():
     ap.add_argument("--out", required=True)
     ap.add_argument("--workloads", default="single,sweep,throughput,random,prefix,profile")
     ap.add_argument("--model", default="llama3-8b", help="perf: a config under benchmarks/models (random weights)")
-    ap.add_argument("--quantization", default=None, choices=["awq", "int8"], help="perf: random packed weights")
+    ap.add_argument("--quantization", default=None, choices=["awq", "int8", "fp8", "w8a8"], help="perf: random packed weights")
     ap.add_argument("--kv-cache-dtype", default="auto", choices=["auto", "fp8"], help="perf: the KV cache's dtype")
     ap.add_argument("--lean-single", action="store_true", help="perf/single: skip the scheduler-depth comparison")
     ap.add_argument("--single-out", type=int, default=None, help="perf/single: output tokens (default: 512)")

@@ -57,15 +57,20 @@ class QuantConfig:
     """How the linear layers (not embeddings, lm_head or norms) hold their weights.
 
     method: "awq" (4-bit, groups of `group_size` input features with a scale and a zero point each, 16-bit
-    activations) or "int8" (8-bit, one scale per output feature). checkpoint_format: how the checkpoint stores
-    them: "awq" (AutoAWQ's qweight/qzeros/scales), "compressed-tensors" (llm-compressor's pack-quantized
-    weight_packed/weight_scale/weight_zero_point), "int8" (Tachyon's qweight/scales), or "dense" (16/32-bit
-    weights, quantized while they load: int8 only)."""
+    activations), "int8" (8-bit, one scale per output feature), "fp8" (E4M3 weights with a scale per output
+    feature, E4M3 activations with a scale per token) or "w8a8" (the same in int8: SmoothQuant). checkpoint_format:
+    how the checkpoint stores them: "awq" (AutoAWQ's qweight/qzeros/scales), "compressed-tensors" (llm-compressor's
+    pack-quantized weight_packed/weight_scale/weight_zero_point), "int8" (Tachyon's qweight/scales),
+    "float-quantized" / "int-quantized" (compressed-tensors' 8-bit weight/weight_scale[/input_scale], what
+    llm-compressor and `tachyon quantize --method fp8|w8a8` write), "fp8" (HF's and vLLM's fp8 checkpoints:
+    weight/weight_scale[/input_scale]), or "dense" (16/32-bit weights, quantized while they load: int8, fp8, w8a8).
+    static_input: the checkpoint gives one activation scale per layer (input_scale) instead of one per token."""
 
     method: str
     group_size: int = 128
     checkpoint_format: str = "dense"
     symmetric: bool = False  # compressed-tensors W4A16 without zero points (they are 8 then)
+    static_input: bool = False
 
     def __post_init__(self) -> None:
         if self.method not in QUANTIZATION_METHODS:
@@ -88,9 +93,19 @@ def quant_config_from_hf(cfg: dict[str, Any]) -> QuantConfig | None:
         return QuantConfig("awq", int(qc.get("group_size", qc.get("q_group_size", 128))), "awq")
     if method == "int8":
         return QuantConfig("int8", checkpoint_format="int8")
+    if method == "fp8":  # HF / vLLM: E4M3 weights with per-tensor scales, dynamic or static activations
+        if qc.get("weight_block_size"):
+            raise ValueError(f"fp8 checkpoint with weight_block_size {qc['weight_block_size']} (block-wise scales, "
+                             f"weight_scale_inv): Tachyon loads per-tensor and per-channel fp8 scales")
+        scheme = str(qc.get("activation_scheme", "dynamic")).lower()
+        if scheme not in ("dynamic", "static"):
+            raise ValueError(f"fp8 checkpoint with activation_scheme {scheme!r}: Tachyon takes dynamic or static")
+        return QuantConfig("fp8", checkpoint_format="fp8", static_input=scheme == "static")
     if method == "compressed-tensors":
         fmt = qc.get("format")
         groups = list((qc.get("config_groups") or {}).values())
+        if fmt in ("float-quantized", "int-quantized", "naive-quantized") and len(groups) == 1:
+            return _compressed_8bit(fmt, groups[0])
         if fmt != "pack-quantized" or len(groups) != 1:
             raise ValueError(f"compressed-tensors checkpoint in format {fmt!r} with {len(groups)} config groups: "
                              f"Tachyon loads one pack-quantized W4A16 group")
@@ -102,13 +117,32 @@ def quant_config_from_hf(cfg: dict[str, Any]) -> QuantConfig | None:
             raise ValueError(f"compressed-tensors scheme {w} (activations {acts}): Tachyon loads 4-bit int weights "
                              f"in groups, 16-bit activations, activation ordering none or 'weight' (W4A16)")
         return QuantConfig("awq", int(w.get("group_size") or 128), "compressed-tensors", bool(w.get("symmetric")))
-    raise ValueError(f"the checkpoint is quantized with {method!r}: Tachyon loads awq (AutoAWQ), "
-                     f"compressed-tensors W4A16 and its own int8")
+    raise ValueError(f"the checkpoint is quantized with {method!r}: Tachyon loads awq (AutoAWQ), fp8, "
+                     f"compressed-tensors W4A16 / FP8 / INT8 W8A8 and its own int8")
+
+
+def _compressed_8bit(fmt: str, group: dict) -> QuantConfig:
+    """A compressed-tensors W8A8 scheme (FP8 or INT8 weights per channel or tensor, activations per token or
+    static per tensor) as a QuantConfig; a ValueError naming what Tachyon does not run otherwise."""
+    w, a = group.get("weights") or {}, group.get("input_activations")
+    wtype = w.get("type", "int")
+    ok = (w.get("num_bits") == 8 and wtype in ("int", "float") and w.get("strategy") in ("channel", "tensor")
+          and w.get("symmetric", True) and a is not None and a.get("num_bits") == 8 and a.get("type", "int") == wtype
+          and a.get("symmetric", True) and (a.get("dynamic") and a.get("strategy") == "token"
+                                            or not a.get("dynamic") and a.get("strategy") == "tensor"))
+    if not ok or (fmt == "float-quantized") != (wtype == "float"):
+        raise ValueError(f"compressed-tensors {fmt} scheme weights {w}, activations {a}: Tachyon loads 8-bit "
+                         f"symmetric weights per channel or tensor with 8-bit symmetric activations of the same type, "
+                         f"dynamic per token or static per tensor (FP8 or INT8 W8A8)")
+    return QuantConfig("fp8" if wtype == "float" else "w8a8",
+                       checkpoint_format="float-quantized" if wtype == "float" else "int-quantized",
+                       static_input=not a.get("dynamic"))
 
 
 def resolve_quantization(cfg: dict[str, Any], requested: str | None) -> QuantConfig | None:
     """What the engine runs: the checkpoint's quantization, or `requested` (--quantization) on a dense one.
-    A dense checkpoint quantizes to int8 while it loads; awq needs an AWQ checkpoint (`tachyon quantize`)."""
+    A dense checkpoint quantizes to int8, fp8 or w8a8 (without SmoothQuant's smoothing, which needs calibration:
+    `tachyon quantize --method w8a8`) while it loads; awq needs an AWQ checkpoint (`tachyon quantize`)."""
     own = quant_config_from_hf(cfg)
     if requested in (None, "none", "auto"):
         return own

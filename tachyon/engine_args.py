@@ -76,7 +76,10 @@ class EngineArgs:
     quantization: str | None = _knob(None, "weight quantization: awq (4-bit in groups of 128, from an AWQ or "
                                            "compressed-tensors W4A16 checkpoint, or random with --load-format "
                                            "dummy) | int8 (8-bit per output channel; a dense checkpoint is "
-                                           "quantized while it loads). Default: what the checkpoint says",
+                                           "quantized while it loads) | fp8 (E4M3 weights per output channel and "
+                                           "activations per token; FP8 checkpoints, or a dense one quantized while "
+                                           "it loads) | w8a8 (the same in int8; SmoothQuant checkpoints from "
+                                           "`tachyon quantize --method w8a8`). Default: what the checkpoint says",
                                      choices=list(QUANTIZATION_METHODS))
     attention_backend: str = _knob("auto", "auto: triton on a GPU, torch on the CPU",
                                    choices=["auto", "torch", "triton"])

@@ -50,7 +50,7 @@ MiB = 1 << 20
 
 FIXED_RESERVE_GIB = 1.0
 AWQ_GROUP = 128
-QUANTIZATIONS = ("none", "awq", "int8", "fp8")
+QUANTIZATIONS = ("none", "awq", "int8", "fp8", "w8a8")
 
 _FP8 = {"fp8": torch.float8_e4m3fn, "fp8_e4m3": torch.float8_e4m3fn, "float8_e4m3fn": torch.float8_e4m3fn,
         "fp8_e5m2": torch.float8_e5m2, "float8_e5m2": torch.float8_e5m2}
@@ -69,8 +69,8 @@ def add_plan_args(p: argparse.ArgumentParser) -> None:
                         "bf16 | fp16 | fp32 | fp8_e5m2 (what-ifs the engine does not run)")
     p.add_argument("--quantization", default="none", choices=QUANTIZATIONS,
                    help="weight quantization: awq = 4-bit, group 128, a 4-bit zero and a 16-bit scale per group (~4.16 "
-                        "bits/linear weight); int8 = 8-bit + a scale per output channel (both as the engine holds "
-                        "them); fp8 = 1 byte/linear weight (what-if). Embeddings and lm_head stay 16-bit")
+                        "bits/linear weight); int8, fp8 and w8a8 = 8-bit + a scale per output channel (fp32 for fp8 "
+                        "and w8a8), as the engine holds them. Embeddings and lm_head stay 16-bit")
     p.add_argument("--gpu-mem", type=float, default=80.0, help="memory of one GPU in GiB (default 80)")
     p.add_argument("--gpus", type=int, default=1, help="number of GPUs (default 1)")
     p.add_argument("--tp", type=int, default=None, help="tensor-parallel size (default: --gpus, one replica)")
@@ -134,8 +134,8 @@ def weight_breakdown(cfg: ModelConfig, dtype: torch.dtype, quantization: str = "
         linear_bytes = cfg.num_layers * sum(K * N // 2 + (K // AWQ_GROUP) * N * (b + 0.5) for K, N in shapes)
     elif quantization == "int8":  # Int8Linear: int8 weights + a scale per output feature
         linear_bytes = cfg.num_layers * sum(K * N + N * b for K, N in shapes)
-    elif quantization == "fp8":
-        linear_bytes = linear  # + a per-tensor scale, negligible
+    elif quantization in ("fp8", "w8a8"):  # ScaledLinear: 8-bit weights + an fp32 scale per output feature
+        linear_bytes = cfg.num_layers * sum(K * N + N * 4 for K, N in shapes)
     else:
         raise ValueError(f"unknown quantization {quantization!r}; use one of {QUANTIZATIONS}")
     linear_bytes = int(linear_bytes)

@@ -39,12 +39,9 @@ def quantization_methods() -> list[str]:
 
     if "quantization" not in EngineArgs.field_names():
         return []
-    try:
-        from tachyon.layers.linear import QUANT_METHODS  # the engine's registry, where it exists
+    from tachyon.config import QUANTIZATION_METHODS
 
-        return sorted(QUANT_METHODS)
-    except Exception:
-        return ["int8", "awq", "fp8"]
+    return list(QUANTIZATION_METHODS)
 
 
 def ladder_steps() -> list[tuple[str, list[str]]]:

@@ -6,6 +6,12 @@ int4 (W4A16, AWQ-style), "natural order": `qweight` int32 [K, N // 8], bits 4j..
 q[k, 8p + j]; `qzeros` int32 [K // G, N // 8] the zero points, packed alike; `scales` [K // G, N];
 w[k, n] = (q[k, n] - z[k // G, n]) * s[k // G, n], y = x @ w.
 AutoAWQ's checkpoints interleave the eight nibbles (`awq_to_natural` undoes that).
+
+8-bit weights and activations (fp8 E4M3 or SmoothQuant-style int8, "W8A8"): `weight` [N, K] in float8_e4m3fn or
+int8, `weight_scale` fp32 [N]; each row of x is quantized with its own scale (dynamic, per token:
+s_x = max|x_row| / QMAX, QMAX 448 for E4M3, 127 for int8) or with one static `input_scale` from the checkpoint:
+x_q = cast(x / s_x) (E4M3: saturated at +-448, rounded to nearest; int8: rounded half to even, clamped at +-127),
+y = (x_q @ weight.T) * s_x[:, None] * weight_scale[None, :] + bias.
 """
 
 from __future__ import annotations
@@ -94,6 +100,50 @@ def int8_linear_ref(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor
     """x [M, K] @ (qweight [N, K] * scales [N, 1]).T (+ bias), dequantized and computed in fp32 -> x's dtype."""
     check_int8_args(x, qweight, scales, bias, "int8_linear_ref")
     y = x.float() @ (qweight.float() * scales.float()[:, None]).T
+    if bias is not None:
+        y += bias.float()
+    return y.to(x.dtype)
+
+
+SCALED_QMAX = {torch.float8_e4m3fn: 448.0, torch.int8: 127.0}
+
+
+def check_scaled_args(x, weight, weight_scale, bias, input_scale, what: str) -> tuple[int, int]:
+    if weight.dtype not in SCALED_QMAX or weight.dim() != 2:
+        raise TypeError(f"{what}: weight must be float8_e4m3fn or int8 [N, K], got {weight.dtype} "
+                        f"{tuple(weight.shape)}")
+    n, k = weight.shape
+    _check_x(x, k, what)
+    if weight_scale.dtype != torch.float32 or tuple(weight_scale.shape) != (n,):
+        raise TypeError(f"{what}: weight_scale must be float32 [{n}], got {weight_scale.dtype} "
+                        f"{tuple(weight_scale.shape)}")
+    if input_scale is not None and (input_scale.dtype != torch.float32 or input_scale.numel() != 1):
+        raise TypeError(f"{what}: input_scale must be one float32 value, got {input_scale.dtype} "
+                        f"{tuple(input_scale.shape)}")
+    _check_same_dtype(x, bias, "bias", (n,), what)
+    return n, k
+
+
+def quantize_rows_ref(x: torch.Tensor, qtype: torch.dtype, input_scale: torch.Tensor | None = None
+                      ) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [M, K] -> (x_q [M, K] in qtype, fp32 scales [M]): per row (max|x_row| / QMAX), or input_scale for all."""
+    qmax = SCALED_QMAX[qtype]
+    xf = x.float()
+    if input_scale is None:
+        scales = xf.abs().amax(dim=1).clamp(min=1e-12) / qmax
+    else:
+        scales = input_scale.float().reshape(1).expand(x.shape[0])
+    v = (xf / scales[:, None]).clamp(-qmax, qmax)
+    return (torch.round(v) if qtype == torch.int8 else v).to(qtype), scales.contiguous()
+
+
+def scaled_linear_ref(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor,
+                      bias: torch.Tensor | None = None, input_scale: torch.Tensor | None = None) -> torch.Tensor:
+    """W8A8: x quantized per row (or with input_scale) to weight's type, the product of the 8-bit values
+    computed in fp32 and scaled back, -> x's dtype (the layout above)."""
+    check_scaled_args(x, weight, weight_scale, bias, input_scale, "scaled_linear_ref")
+    xq, xs = quantize_rows_ref(x, weight.dtype, input_scale)
+    y = (xq.float() @ weight.float().T) * xs[:, None] * weight_scale[None, :]
     if bias is not None:
         y += bias.float()
     return y.to(x.dtype)

@@ -1,4 +1,5 @@
-"""Linear layers: dense (nn.Linear) or weight-quantized (int8 per output channel, AWQ-style int4 in groups).
+"""Linear layers: dense (nn.Linear), weight-quantized (int8 per output channel, AWQ-style int4 in groups), or
+8-bit weights and activations (fp8 E4M3 and SmoothQuant-style int8: `ScaledLinear`).
 
 `make_linear` picks the layer from the model's QuantConfig. A quantized layer keeps its packed weights as
 integer parameters (see `print(model)`), loads each checkpoint tensor into its slice of a fused projection
@@ -13,7 +14,14 @@ import torch
 from torch import nn
 
 from tachyon.config import QuantConfig
-from tachyon.kernels.quant_ref import awq_linear_ref, awq_to_natural, int8_linear_ref, pack_int4, unpack_int4
+from tachyon.kernels.quant_ref import (
+    awq_linear_ref,
+    awq_to_natural,
+    int8_linear_ref,
+    pack_int4,
+    scaled_linear_ref,
+    unpack_int4,
+)
 
 
 def make_linear(in_features: int, out_features: int, bias: bool, quant: QuantConfig | None) -> nn.Module:
@@ -21,6 +29,10 @@ def make_linear(in_features: int, out_features: int, bias: bool, quant: QuantCon
         return nn.Linear(in_features, out_features, bias=bias)
     if quant.method == "int8":
         return Int8Linear(in_features, out_features, bias, quant)
+    if quant.method == "fp8":
+        return Fp8Linear(in_features, out_features, bias, quant)
+    if quant.method == "w8a8":
+        return W8A8Linear(in_features, out_features, bias, quant)
     return AWQLinear(in_features, out_features, bias, quant)
 
 
@@ -34,15 +46,21 @@ _SHARD_DIMS = {
     "awq": {"qweight": (1, 8, 0, 1), "qzeros": (1, 8, 0, "G"), "scales": (1, 1, 0, "G"), "bias": (0, 1, None, 1)},
     "compressed-tensors": {"weight_packed": (0, 1, 1, 8), "weight_scale": (0, 1, 1, "G"),
                            "weight_zero_point": (0, 8, 1, "G"), "bias": (0, 1, None, 1)},
+    # 8-bit weights (compressed-tensors float-/int-quantized, HF fp8): weight [N, K], weight_scale [N, 1]
+    "scaled": {"weight": (0, 1, 1, 1), "weight_scale": (0, 1, None, 1), "input_scale": (None, 1, None, 1),
+               "bias": (0, 1, None, 1)},
 }
 
 
 def shard_dims(checkpoint_format: str, kind: str, group_size: int) -> tuple[int | None, int, int | None, int]:
     """(output dim, its features per index, input dim, its features per index) of a checkpoint tensor."""
-    dims = _SHARD_DIMS[checkpoint_format].get(kind)
+    dims = _SHARD_DIMS["scaled" if checkpoint_format in SCALED_FORMATS else checkpoint_format].get(kind)
     if dims is None:
         raise ValueError(f"a {checkpoint_format}-format checkpoint tensor {kind!r} cannot be sharded")
     return tuple(group_size if d == "G" else d for d in dims)
+
+
+SCALED_FORMATS = ("float-quantized", "int-quantized", "fp8")  # QuantConfig.checkpoint_format of 8-bit weights
 
 
 def _int_param(*shape: int, dtype: torch.dtype) -> nn.Parameter:
@@ -114,7 +132,8 @@ class QuantLinear(nn.Module):
 
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, "
-                f"{self.quant.method}" + (f", group_size={self.quant.group_size}" if self.quant.method == "awq" else ""))
+                f"{self.quant.method}" + (f", group_size={self.quant.group_size}" if self.quant.method == "awq" else "")
+                + (", static input scale" if self.quant.static_input else ""))
 
 
 class Int8Linear(QuantLinear):
@@ -224,6 +243,114 @@ class AWQLinear(QuantLinear):
 
             return awq_linear(x, self.qweight, self.qzeros, self.scales, G, self.bias)
         return awq_linear_ref(x, self.qweight, self.qzeros, self.scales, G, self.bias)
+
+
+class ScaledLinear(QuantLinear):
+    """8-bit weights and activations: weight [N, K] (float8_e4m3fn or int8), weight_scale float32 [N]; every row
+    of x quantized with its own scale, or with the checkpoint's static input_scale (`kernels/quant_ref.py` has the
+    math). On a GPU `kernels/scaled_linear.py` runs it (a row walk for decode, cuBLAS on tensor cores above).
+
+    A checkpoint's per-tensor scales become per-output-feature ones (the same values repeated), so the parts of a
+    fused qkv_proj or gate_up_proj keep their own; their static input scales, which quantize one shared input,
+    merge into the largest (what every part's range covers). The scales and the 8-bit weight keep their dtypes
+    when the model is cast to its dtype."""
+
+    QTYPE: torch.dtype
+    TENSORS = {"float-quantized": ("weight", "weight_scale"), "int-quantized": ("weight", "weight_scale"),
+               "fp8": ("weight", "weight_scale"), "dense": ("weight",)}
+
+    def __init__(self, in_features: int, out_features: int, bias: bool, quant: QuantConfig):
+        super().__init__(in_features, out_features, bias, quant)
+        if quant.static_input:
+            self.TENSORS = {fmt: kinds + ("input_scale",) for fmt, kinds in self.TENSORS.items() if fmt != "dense"}
+        self.weight = _int_param(out_features, in_features, dtype=self.QTYPE)
+        self.weight_scale = nn.Parameter(torch.empty(out_features, dtype=torch.float32), requires_grad=False)
+        self.input_scale = (nn.Parameter(torch.zeros(1, dtype=torch.float32), requires_grad=False)
+                            if quant.static_input else None)
+        self.in_range: tuple[int, int] | None = None  # a row-parallel shard: as Int8Linear's
+
+    def _apply(self, fn, recurse=True):
+        kept = {name: p.dtype for name, p in self.named_parameters(recurse=False) if name != "bias"}
+        super()._apply(fn, recurse)
+        for name, dtype in kept.items():  # .to(model dtype) must not touch the 8-bit weight and fp32 scales
+            p = getattr(self, name)
+            if p.dtype != dtype:
+                p.data = p.data.to(dtype)
+        return self
+
+    def quantize_dense(self, w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        raise NotImplementedError
+
+    def _load(self, kind, tensor, start, size, name):
+        rows = slice(start, start + size)
+        if kind == "weight" and (tensor.is_floating_point() and tensor.dtype != torch.float8_e4m3fn):
+            # a dense checkpoint, quantized here (a row-parallel shard quantizes whole rows, as unsharded)
+            whole_rows = self.in_range is not None and tensor.shape[-1] != self.in_features
+            if not whole_rows and tuple(tensor.shape) != (size, self.in_features):
+                raise ValueError(f"checkpoint tensor {name} has shape {tuple(tensor.shape)}, the config expects "
+                                 f"{(size, self.in_features)}")
+            q, s = self.quantize_dense(tensor)
+            if whole_rows:
+                q = q[:, self.in_range[0]:self.in_range[1]]
+            copy_checked(self.weight.data[rows], q, name)
+            self.weight_scale.data[rows] = s
+            self._loaded.update({(start, "weight"), (start, "weight_scale")})
+        elif kind == "weight":
+            if tensor.dtype != self.QTYPE:
+                raise ValueError(f"checkpoint tensor {name} is {tensor.dtype}: a {self.quant.method} layer takes "
+                                 f"{self.QTYPE} weights")
+            copy_checked(self.weight.data[rows], tensor, name)
+        elif kind == "weight_scale":
+            if tensor.numel() == 1:  # per tensor
+                self.weight_scale.data[rows] = tensor.float().reshape(())
+            else:
+                copy_checked(self.weight_scale.data[rows], tensor.float().reshape(-1), name)
+        else:  # input_scale
+            if tensor.numel() != 1:
+                raise ValueError(f"checkpoint tensor {name} has {tensor.numel()} values: a static input scale is "
+                                 f"one (per tensor)")
+            v = tensor.float().reshape(1)
+            first = not any(k == "input_scale" for _, k in self._loaded)  # the parameter holds no value before
+            self.input_scale.data.copy_(v if first else torch.maximum(self.input_scale.data, v))
+
+    def _matmul(self, x: torch.Tensor) -> torch.Tensor:
+        if x.is_cuda:
+            from tachyon.kernels.scaled_linear import scaled_linear
+
+            return scaled_linear(x, self.weight, self.weight_scale, self.bias, self.input_scale)
+        return scaled_linear_ref(x, self.weight, self.weight_scale, self.bias, self.input_scale)
+
+
+class Fp8Linear(ScaledLinear):
+    """fp8: E4M3 weights and activations (Hopper's tensor cores), a float32 scale per output feature."""
+
+    QTYPE = torch.float8_e4m3fn
+
+    def quantize_dense(self, w):
+        return quantize_fp8(w)
+
+    def random_(self, gen: torch.Generator) -> None:
+        dev = self.weight.device
+        self.weight.data.copy_((torch.rand(self.weight.shape, generator=gen, device=dev) * 2 - 1) * 448)
+        self.weight_scale.data.fill_(0.02 / 448)
+        if self.input_scale is not None:
+            self.input_scale.data.fill_(1.0 / 448)
+
+
+class W8A8Linear(ScaledLinear):
+    """w8a8: int8 weights and activations (SmoothQuant: the smoothing lives in the checkpoint's norms)."""
+
+    QTYPE = torch.int8
+
+    def quantize_dense(self, w):
+        return quantize_int8(w)
+
+    def random_(self, gen: torch.Generator) -> None:
+        self.weight.data.copy_(torch.randint(-127, 128, self.weight.shape, generator=gen, device=self.weight.device,
+                                             dtype=torch.int32))
+        self.weight_scale.data.fill_(0.02 / 127)
+        if self.input_scale is not None:
+            self.input_scale.data.fill_(1.0 / 127)
 
 
 def copy_checked(dst: torch.Tensor, src: torch.Tensor, name: str) -> None:

@@ -18,7 +18,7 @@ from torch import nn
 from tachyon.config import ModelConfig
 from tachyon.layers.activation import silu_and_mul_ref
 from tachyon.layers.attention import AttentionMetadata
-from tachyon.layers.linear import Int8Linear, QuantLinear, copy_checked, make_linear
+from tachyon.layers.linear import Int8Linear, QuantLinear, ScaledLinear, copy_checked, make_linear
 from tachyon.layers.norm import RMSNorm
 from tachyon.layers.parallel import ParallelLMHead, TensorParallel, VocabParallelEmbedding
 from tachyon.layers.rotary import RotaryEmbedding
@@ -126,7 +126,7 @@ class LlamaForCausalLM(nn.Module):
             for layer in self.layers:  # an int8 row shard quantizes whole rows, then keeps its columns
                 for proj, a, n in ((layer.self_attn.o_proj, q0, layer.self_attn.q_size),
                                    (layer.mlp.down_proj, i0, cfg.intermediate_size)):
-                    if isinstance(proj, Int8Linear):
+                    if isinstance(proj, (Int8Linear, ScaledLinear)):
                         proj.in_range = (a, a + n)
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
@@ -175,12 +175,14 @@ class LlamaForCausalLM(nn.Module):
             name = name.removeprefix("model.")
             if "rotary_emb.inv_freq" in name:
                 continue
+            if name.endswith(("self_attn.k_scale", "self_attn.v_scale")):
+                continue  # an fp8 checkpoint's KV-cache scales: --kv-cache-dtype fp8 calibrates its own (kv_scales)
             if name == "lm_head.weight" and c.tie_word_embeddings:
                 continue
             if self.shard is not None:
                 quant = c.quantization
                 tensor = self.shard.read(name, tensor, self.full_cfg, int8_whole_rows=quant is not None
-                                         and quant.method == "int8" and quant.checkpoint_format == "dense")
+                                         and quant.method in ("int8", "fp8", "w8a8") and quant.checkpoint_format == "dense")
             start = size = shard = None
             target = name
             for fused, part, sh in self.stacked_params:

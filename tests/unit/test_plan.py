@@ -68,7 +68,10 @@ def test_quantized_weight_bytes():
     # 4 bits a weight, and per group of 128 a 16-bit scale and a 4-bit zero: 4 + 20 / 128 bits
     assert awq["linear_bytes"] * 8 / fp16["linear_params"] == pytest.approx(4 + 20 / 128, rel=1e-6)
     assert awq["embedding_bytes"] == fp16["embedding_bytes"]  # embeddings and lm_head stay 16-bit
-    assert fp8["linear_bytes"] == fp16["linear_params"]
+    # a byte a weight and an fp32 scale per output feature (fused qkv, o, gate_up, down of each layer)
+    h, i, kv = cfg.hidden_size, cfg.intermediate_size, cfg.num_kv_heads * cfg.head_dim
+    outputs = cfg.num_layers * ((cfg.num_heads * cfg.head_dim + 2 * kv) + h + 2 * i + h)
+    assert fp8["linear_bytes"] == fp16["linear_params"] + 4 * outputs
     assert fp16["total_bytes"] == cfg.num_params() * 2
 
 

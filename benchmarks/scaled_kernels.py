@@ -1,0 +1,108 @@
+"""W8A8 linears on the GPU (kernels/scaled_linear.py): correctness against the torch reference, then per-layer
+times of llama3-8b's and llama3-70b's linears at 1..4096 rows for bf16 cuBLAS, int8 weight-only, and fp8 / w8a8
+through each path (the row walk, `_scaled_mm` with and without fast accumulation, `_int_mm`), and the row walk's
+configs at one row. Times: median of CUDA-graph replays of 10 calls each, weights larger than L2 so they come
+from HBM.
+
+    PYTHONPATH=. python benchmarks/scaled_kernels.py --out scaled_kernels.json [--rows 1,16,64,256,4096]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import time
+
+import torch
+
+from tachyon.kernels.quant_linear import int8_linear
+from tachyon.kernels.scaled_linear import quantize_rows, scaled_linear, scaled_linear_ref
+from tachyon.kernels.timing import median_replay_ms
+
+SHAPES = [("llama3-8b", "qkv", 6144, 4096), ("llama3-8b", "o", 4096, 4096),
+          ("llama3-8b", "gate_up", 28672, 4096), ("llama3-8b", "down", 4096, 14336),
+          ("llama3-70b", "gate_up", 57344, 8192), ("llama3-70b", "down", 8192, 28672)]
+WALK_CONFIGS = [(16, 512, 4, 4), (8, 512, 4, 4), (32, 256, 4, 4), (16, 1024, 8, 3), (8, 1024, 4, 3),
+                (32, 512, 8, 3), (4, 1024, 4, 4)]
+CALLS = 10
+
+
+def time_ms(fn) -> float:
+    fn()
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for _ in range(CALLS):
+            fn()
+    return median_replay_ms(g, reps=7) / CALLS
+
+
+def rel(out, ref) -> float:
+    out, ref = out.float(), ref.float()
+    return ((out - ref).norm() / ref.norm()).item()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--rows", default="1,4,16,17,64,256,1024,4096")
+    ap.add_argument("--budget-s", type=float, default=200)
+    args = ap.parse_args()
+    t0 = time.perf_counter()
+    rows = [int(r) for r in args.rows.split(",")]
+    dev = "cuda"
+    g = torch.Generator(device=dev).manual_seed(0)
+    result = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "checks": [], "timings": [],
+              "walk_configs": []}
+    for model, layer, n, k in SHAPES:
+        w = torch.randn(n, k, device=dev, generator=g) / math.sqrt(k)
+        wb = w.to(torch.bfloat16)
+        s8 = w.abs().amax(1) / 127
+        q8 = torch.round(w / s8[:, None]).clamp(-127, 127).to(torch.int8)
+        sf = w.abs().amax(1) / 448
+        qf = (w / sf[:, None]).to(torch.float8_e4m3fn)
+        del w
+        for m in rows:
+            if time.perf_counter() - t0 > args.budget_s:
+                break
+            x = torch.randn(m, k, device=dev, generator=g).to(torch.bfloat16)
+            row = {"model": model, "layer": layer, "N": n, "K": k, "M": m}
+            for name, q, s in (("fp8", qf, sf), ("w8a8", q8, s8)):
+                ref = scaled_linear_ref(x, q, s)
+                row[f"{name}_err"] = rel(scaled_linear(x, q, s), ref)
+                row[f"{name}_walk_err"] = rel(scaled_linear(x, q, s, force_walk=True), ref) if m <= 256 else None
+            t = {"bf16": time_ms(lambda: x @ wb.T), "int8_wo": time_ms(lambda: int8_linear(x, q8, s8.bfloat16())),
+                 "fp8": time_ms(lambda: scaled_linear(x, qf, sf)), "w8a8": time_ms(lambda: scaled_linear(x, q8, s8))}
+            if m <= 256:
+                t["fp8_walk"] = time_ms(lambda: scaled_linear(x, qf, sf, force_walk=True))
+                t["w8a8_walk"] = time_ms(lambda: scaled_linear(x, q8, s8, force_walk=True))
+            xq, xs = quantize_rows(x, torch.float8_e4m3fn)
+            t["quantize_rows"] = time_ms(lambda: quantize_rows(x, torch.float8_e4m3fn))
+            t["scaled_mm"] = time_ms(lambda: torch._scaled_mm(xq, qf.t(), scale_a=xs[:, None], scale_b=sf[None, :],
+                                                              out_dtype=torch.bfloat16))
+            t["scaled_mm_fast"] = time_ms(lambda: torch._scaled_mm(xq, qf.t(), scale_a=xs[:, None],
+                                                                   scale_b=sf[None, :], out_dtype=torch.bfloat16,
+                                                                   use_fast_accum=True))
+            if m > 16:
+                xi, _ = quantize_rows(x, torch.int8)
+                t["int_mm"] = time_ms(lambda: torch._int_mm(xi, q8.t()))
+            row["ms"] = t
+            row["fp8_walk_GBps"] = (n * k + m * k * 2) / (t.get("fp8_walk", float("nan")) * 1e6)
+            result["timings"].append(row)
+            print(model, layer, m, " ".join(f"{a}={b:.4f}" for a, b in t.items()),
+                  f"err fp8 {row['fp8_err']:.2e} w8a8 {row['w8a8_err']:.2e}", flush=True)
+        if time.perf_counter() - t0 < args.budget_s:
+            x = torch.randn(1, k, device=dev, generator=g).to(torch.bfloat16)
+            for cfg in WALK_CONFIGS:
+                ms = {name: time_ms(lambda q=q, s=s: scaled_linear(x, q, s, config=cfg))
+                      for name, q, s in (("fp8", qf, sf), ("w8a8", q8, s8))}
+                result["walk_configs"].append({"model": model, "layer": layer, "config": cfg, "ms": ms})
+                print("walk", model, layer, cfg, ms, flush=True)
+        del qf, q8, wb
+    with open(args.out, "w") as f:
+        json.dump(result, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

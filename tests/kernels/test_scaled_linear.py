@@ -1,0 +1,106 @@
+"""W8A8 kernels (kernels/scaled_linear.py) against their torch reference (kernels/quant_ref.py).
+
+Triton's interpreter cannot load or cast float8, so the fp8 kernels run on a GPU only; int8 runs everywhere."""
+
+import pytest
+import torch
+
+from tachyon.kernels.scaled_linear import (
+    MAX_ROW_WALK_ROWS,
+    gemm_path,
+    quantize_rows,
+    quantize_rows_ref,
+    scaled_linear,
+    scaled_linear_ref,
+)
+from tachyon.layers.linear import quantize_fp8, quantize_int8
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+QTYPES = [torch.int8, pytest.param(torch.float8_e4m3fn, marks=[
+    pytest.mark.gpu, pytest.mark.skipif(DEVICE != "cuda", reason="the interpreter has no float8")])]
+
+
+def _weight(n: int, k: int, qtype, device):
+    w = torch.randn(n, k)
+    w[:, 3] *= 20  # an outlier input feature
+    q, s = (quantize_int8 if qtype == torch.int8 else quantize_fp8)(w)
+    return q.to(device), s.to(device)
+
+
+def _x(m: int, k: int, dtype, device) -> torch.Tensor:
+    x = torch.randn(m, k + 8)[:, :k]  # rows 8 elements apart
+    x[0, 5] = 30.0  # one row with a large value: its scale differs from the others
+    return x.to(device=device, dtype=dtype)
+
+
+def test_reference_rounds_per_row():
+    x = torch.tensor([[1.0, -0.5, 0.26], [0.0, 0.0, 0.0], [254.0, 1.0, -127.5]])
+    q, s = quantize_rows_ref(x, torch.int8)
+    torch.testing.assert_close(s, torch.tensor([1 / 127, 1e-12 / 127, 2.0]))
+    assert q.tolist() == [[127, -64, 33], [0, 0, 0], [127, 0, -64]]  # 63.5 and 0.5: half to even
+    q, s = quantize_rows_ref(x, torch.int8, torch.tensor([0.01]))
+    assert q[0].tolist() == [100, -50, 26] and q[2].tolist() == [127, 100, -127]  # saturated
+    q8, s8 = quantize_rows_ref(torch.tensor([[448.0, 1.0, 0.3]]), torch.float8_e4m3fn)
+    assert s8.item() == 1.0 and q8.float().tolist() == [[448.0, 1.0, 0.3125]]  # E4M3: 0.3 -> 0.3125
+    w = torch.tensor([[2, -1, 0]], dtype=torch.int8)
+    y = scaled_linear_ref(x, w, torch.tensor([0.5]), bias=torch.tensor([1.0]))
+    expect = torch.tensor([(2 * 127 + 64) * (1 / 127) * 0.5 + 1, 1.0, (2 * 127 - 0) * 2.0 * 0.5 + 1])
+    torch.testing.assert_close(y[:, 0], expect)
+
+
+@pytest.mark.parametrize("qtype", QTYPES)
+@pytest.mark.parametrize("m", [1, 3, 16, 17, 40])
+@pytest.mark.parametrize("static", [False, True])
+def test_scaled_linear_matches_ref(dtype, device, rel_err, qtype, m, static):
+    if qtype == torch.float8_e4m3fn and dtype == torch.float32 and m > MAX_ROW_WALK_ROWS:
+        pytest.skip("fp8 cuBLAS takes bf16 activations; fp32 goes through the row walk, run at m <= 16")
+    torch.manual_seed(m)
+    k, n = 96, 80
+    w, ws = _weight(n, k, qtype, device)
+    x = _x(m, k, dtype, device)
+    bias = torch.randn(n).to(device=device, dtype=dtype)
+    scale = torch.tensor([0.05], device=device) if static else None
+    y = scaled_linear(x, w, ws, bias, scale)
+    ref = scaled_linear_ref(x, w, ws, bias, scale)
+    assert y.dtype == dtype and y.shape == (m, n)
+    assert rel_err(y, ref) < (2e-2 if dtype == torch.bfloat16 else 2e-3)
+    walk = scaled_linear(x, w, ws, bias, scale, force_walk=True, config=(16, 32, 4, 2))  # K split in 3
+    assert rel_err(walk, ref) < (2e-2 if dtype == torch.bfloat16 else 2e-3)
+
+
+@pytest.mark.parametrize("qtype", QTYPES)
+def test_quantize_rows_matches_ref(dtype, device, qtype):
+    x = _x(5, 200, dtype, device)
+    for scale in (None, torch.tensor([0.02], device=device)):
+        q, s = quantize_rows(x, qtype, scale)
+        qr, sr = quantize_rows_ref(x, qtype, scale)
+        torch.testing.assert_close(s, sr)
+        # x / s rounds the same way up to one step where the division lands on a rounding boundary
+        diff = (q.float() - qr.float()).abs()
+        assert (diff > 0).float().mean() < 0.01 and diff.max() <= (1 if qtype == torch.int8 else 32)
+
+
+def test_gemm_path_choice():
+    w8 = torch.zeros(32, 64, dtype=torch.int8)
+    assert not gemm_path(torch.zeros(MAX_ROW_WALK_ROWS + 1, 64), w8)  # not on the GPU
+    if DEVICE == "cuda":
+        x = torch.zeros(MAX_ROW_WALK_ROWS + 1, 64, device="cuda", dtype=torch.bfloat16)
+        assert gemm_path(x, w8.cuda()) and gemm_path(x, w8.cuda().to(torch.float8_e4m3fn))
+        assert not gemm_path(x[:MAX_ROW_WALK_ROWS], w8.cuda())
+        assert not gemm_path(x.half(), w8.cuda().to(torch.float8_e4m3fn))  # row-wise fp8 cuBLAS: bf16 out only
+        assert not gemm_path(x[:, :40], torch.zeros(32, 40, dtype=torch.int8, device="cuda"))  # K % 16
+
+
+def test_rejects_bad_inputs(device):
+    w, ws = _weight(16, 32, torch.int8, device)
+    x = torch.randn(2, 32, device=device)
+    with pytest.raises(TypeError, match="weight must be float8_e4m3fn or int8"):
+        scaled_linear(x, w.float(), ws)
+    with pytest.raises(TypeError, match=r"weight_scale must be float32 \[16\]"):
+        scaled_linear(x, w, ws.half())
+    with pytest.raises(ValueError, match="x has 31 columns but the weight has K = 32"):
+        scaled_linear(x[:, :31], w, ws)
+    with pytest.raises(TypeError, match="input_scale must be one float32 value"):
+        scaled_linear(x, w, ws, input_scale=torch.ones(2, device=device))
+    assert scaled_linear(x[:0], w, ws).shape == (0, 16)
