@@ -16,8 +16,10 @@ division is folded into the op before (tachyon.quantize.awq.fold_scale), so the 
     gate_up_proj  <- post_attention_layernorm's weight
     down_proj     <- up_proj's rows (down's input is silu(gate) * up, linear in up)
 
-o_proj is not smoothed (llm-compressor's default Llama mappings). Then every linear's weight is rounded with
-tachyon.layers.linear.quantize_int8. The checkpoint is llm-compressor's W8A8 layout (compressed-tensors,
+o_proj is not smoothed (llm-compressor's default Llama mappings). Then every linear's weight is rounded to int8
+on quantize_int8's grid (absmax / 127 per output feature): by GPTQ on the smoothed inputs (`--rounding gptq`,
+the default; tachyon.quantize.gptq) or to nearest (quantize_int8 itself). Alpha 0.5 (SmoothQuant's) gave a lower
+held-out perplexity on the embedded model than 0.8 (llm-compressor's): benchmarks/results/cpu_quant_ppl.md. The checkpoint is llm-compressor's W8A8 layout (compressed-tensors,
 int-quantized): `weight` int8 [N, K] and `weight_scale` fp32 [N, 1] per checkpoint linear; the smoothed norms
 and up rows go out as the dense tensors.
 """
