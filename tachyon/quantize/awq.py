@@ -50,15 +50,14 @@ from torch import nn
 
 from tachyon.config import ModelConfig
 from tachyon.kernels.quant_ref import natural_to_awq, pack_int4
+from tachyon.quantize.calibration import InputStats, packed_prefills, record_input
 from tachyon.quantize.checkpoint import LINEARS, parts
+from tachyon.quantize.gptq import GPTQ_BLOCK, gptq
 
 ROUNDINGS = ("gptq", "nearest")  # after the scale search: GPTQ's error feedback, or nearest + scale refit
 N_GRID = 20
 MAX_SHRINK = 0.5  # the clip search tries range ratios 1.0, 0.95, ..., 0.55
-GPTQ_DAMP = 0.01  # added to the Gram matrix's diagonal, times its mean, before it is inverted
-GPTQ_BLOCK = 128  # columns rounded between two updates of the rest of the weight
 REFINE_ITERS = 4  # least-squares scale refits per group after the clip search
-MAX_CHUNK_TOKENS = 4096  # calibration sequences run through a layer this many tokens at a time
 
 
 def quantization_config(group_size: int) -> dict:
@@ -118,32 +117,6 @@ def pack_awq(hf_name: str, q: torch.Tensor, zeros: torch.Tensor, scales: torch.T
 
 
 # -- the search -------------------------------------------------------------------------------------------------
-class InputStats:
-    """What a linear's calibration inputs leave behind: sum |x| per input channel and the Gram matrix X^T X."""
-
-    def __init__(self, in_features: int, device):
-        self.abs_sum = torch.zeros(in_features, dtype=torch.float64, device=device)
-        self.gram = torch.zeros(in_features, in_features, dtype=torch.float64, device=device)
-        self.count = 0
-
-    def add(self, x: torch.Tensor) -> None:
-        x = x.reshape(-1, x.shape[-1]).float()
-        self.abs_sum += x.abs().sum(0, dtype=torch.float64)
-        self.gram += (x.T @ x).double()  # fp32 per chunk, summed in fp64
-        self.count += x.shape[0]
-
-    @property
-    def mean(self) -> torch.Tensor:
-        return self.abs_sum / max(self.count, 1)
-
-    def scaled(self, s: torch.Tensor) -> InputStats:
-        """The stats of x / s."""
-        out = InputStats(0, self.gram.device)
-        s = s.double()
-        out.abs_sum, out.gram, out.count = self.abs_sum / s, self.gram / (s[:, None] * s[None, :]), self.count
-        return out
-
-
 def output_error(w: torch.Tensor, w_hat: torch.Tensor, gram: torch.Tensor) -> float:
     """sum over the calibration tokens and outputs of (x w^T - x w_hat^T)^2, from the Gram matrix."""
     d = (w.float() - w_hat.float()).double()
@@ -245,49 +218,47 @@ def refine_scales(w: torch.Tensor, stats: InputStats, group_size: int, q: torch.
 def gptq_round(w: torch.Tensor, gram: torch.Tensor, group_size: int, clip: bool = True, n_grid: int = N_GRID,
                max_shrink: float = MAX_SHRINK, block: int = GPTQ_BLOCK):
     """Round w [N, K] column by column, each column's rounding error spread over the columns not yet rounded
-    through the inverse Gram matrix (GPTQ, Frantar et al. 2022), so that the output error on the calibration
-    tokens stays small; a group's scale and zero are set when its first column is reached, from the weights as
-    updated by then (with the clip search on that group's share of the error). Same result layout as
-    quantize_groups: (q int32 [N, K], zeros int32 [N, K/G], scales fp32 [N, K/G])."""
+    through the inverse Gram matrix (GPTQ, Frantar et al. 2022; tachyon.quantize.gptq), so that the output error
+    on the calibration tokens stays small; a group's scale and zero are set when its first column is reached, from
+    the weights as updated by then (with the clip search on that group's share of the error). Same result layout
+    as quantize_groups: (q int32 [N, K], zeros int32 [N, K/G], scales fp32 [N, K/G])."""
     N, K = w.shape
-    W = w.double().clone()
-    H = gram.double().clone()
-    dead = H.diagonal() == 0
-    H[dead, dead] = 1.0
-    W[:, dead] = 0.0
-    H.diagonal().add_(GPTQ_DAMP * H.diagonal().mean())
-    hinv = torch.linalg.cholesky(torch.cholesky_inverse(torch.linalg.cholesky(H)), upper=True)
     q = torch.zeros(N, K, dtype=torch.int32, device=w.device)
     ng = K // group_size
     zeros = torch.zeros(N, ng, dtype=torch.int32, device=w.device)
     scales = torch.zeros(N, ng, dtype=torch.float32, device=w.device)
-    block = max(block, group_size) // group_size * group_size  # a block holds whole groups
-    for b0 in range(0, K, block):
-        b1 = min(b0 + block, K)
-        W1, E1, h1 = W[:, b0:b1].clone(), torch.zeros(N, b1 - b0, dtype=torch.float64, device=w.device), hinv[b0:b1, b0:b1]
-        for i in range(b1 - b0):
-            col = b0 + i
-            if col % group_size == 0:
-                g = col // group_size
-                wg = W1[:, i:i + group_size]
-                ratio = 1.0
-                if clip:
-                    hb = gram[col:col + group_size, col:col + group_size].double()[None]
-                    ratio = clip_ratios(wg, hb, group_size, n_grid, max_shrink)
-                _, z, sc = quantize_groups(wg, group_size, ratio)
-                zeros[:, g], scales[:, g] = z[:, 0], sc[:, 0]
-                zf, sf = z[:, 0].double(), sc[:, 0].double()
-            x = W1[:, i]
-            qi = (torch.round(x / sf) + zf).clamp(0, 15)
-            q[:, col] = qi.to(torch.int32)
-            err = (x - (qi - zf) * sf) / h1[i, i]
-            W1[:, i:] -= err[:, None] * h1[i, i:][None, :]
-            E1[:, i] = err
-        W[:, b1:] -= E1 @ hinv[b0:b1, b1:]
+    zf = sf = None
+
+    def round_column(col: int, rest: torch.Tensor) -> torch.Tensor:
+        nonlocal zf, sf
+        if col % group_size == 0:  # the group's scale and zero, from its weights as updated by now
+            g, wg = col // group_size, rest[:, :group_size]
+            ratio = 1.0
+            if clip:
+                hb = gram[col:col + group_size, col:col + group_size].double()[None]
+                ratio = clip_ratios(wg, hb, group_size, n_grid, max_shrink)
+            _, z, sc = quantize_groups(wg, group_size, ratio)
+            zeros[:, g], scales[:, g] = z[:, 0], sc[:, 0]
+            zf, sf = z[:, 0].double(), sc[:, 0].double()
+        qi = (torch.round(rest[:, 0] / sf) + zf).clamp(0, 15)
+        q[:, col] = qi.to(torch.int32)
+        return (qi - zf) * sf
+
+    gptq(w, gram, round_column, max(block, group_size) // group_size * group_size)  # a block holds whole groups
     return q, zeros, scales
 
 
 # -- one decoder layer ------------------------------------------------------------------------------------------
+def scale_groups(layer: nn.Module, cfg: ModelConfig) -> list[tuple[str, nn.Module, slice]]:
+    """(linear, the op before it, the rows of that op which make the linear's input) for the linears whose input
+    scaling folds into the op before exactly: qkv after input_layernorm, gate/up after post_attention_layernorm,
+    down after silu(gate) * up (linear in up). o_proj (through v, MHA only) is the caller's choice."""
+    inter = cfg.intermediate_size
+    return [("self_attn.qkv_proj", layer.input_layernorm, slice(None)),
+            ("mlp.gate_up_proj", layer.post_attention_layernorm, slice(None)),
+            ("mlp.down_proj", layer.mlp.gate_up_proj, slice(inter, 2 * inter))]
+
+
 def fold_scale(prev: nn.Module, rows: slice, linear: nn.Linear, s: torch.Tensor) -> None:
     """linear's inputs become x / s: its weight columns * s, and rows `rows` of the op before (whose outputs are
     those inputs: an RMSNorm's weight, a linear's weight rows and bias) / s."""
@@ -302,14 +273,11 @@ def quantize_layer(layer: nn.Module, cfg: ModelConfig, stats: dict[str, InputSta
                    clip: bool = True, rounding: str = "gptq") -> tuple[dict[str, tuple], dict[str, float]]:
     """Search and fold the scales of one decoder layer (in place), then round each of its linears (ROUNDINGS).
     stats None: plain round-to-nearest. Returns {linear: (q, zeros, scales)} and the alphas chosen."""
-    attn, mlp = layer.self_attn, layer.mlp
-    q, kv, inter = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim, cfg.intermediate_size
+    attn = layer.self_attn
+    q, kv = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
     alphas: dict[str, float] = {}
     if stats is not None:
-        # (linear, the op before it, the rows of that op which make the linear's input)
-        groups = [("self_attn.qkv_proj", layer.input_layernorm, slice(None)),
-                  ("mlp.gate_up_proj", layer.post_attention_layernorm, slice(None)),
-                  ("mlp.down_proj", mlp.gate_up_proj, slice(inter, 2 * inter))]
+        groups = scale_groups(layer, cfg)
         if cfg.num_heads == cfg.num_kv_heads:  # o's input channel c is v's output c only without grouped heads
             groups.insert(1, ("self_attn.o_proj", attn.qkv_proj, slice(q + kv, q + 2 * kv)))
         for name, prev, rows in groups:
@@ -330,10 +298,6 @@ def quantize_layer(layer: nn.Module, cfg: ModelConfig, stats: dict[str, InputSta
     return out, alphas
 
 
-def _record(stats: InputStats, module, args) -> None:
-    stats.add(args[0])
-
-
 # -- the model --------------------------------------------------------------------------------------------------
 @torch.no_grad()
 def awq_tensors(lm, samples: list[list[int]] | None, group_size: int, clip: bool = True, progress: bool = True,
@@ -341,24 +305,14 @@ def awq_tensors(lm, samples: list[list[int]] | None, group_size: int, clip: bool
     """Quantize every linear of lm.model (a tachyon.eval.ppl.LoadedModel, dense; its scales are folded in place)
     to AutoAWQ tensors in HF's names. samples: calibration sequences of token ids, or None for plain
     round-to-nearest (no calibration, no search). Returns the tensors and each layer's alphas."""
-    from tachyon.eval.ppl import kv_cache, positions_of, prefill_metadata
+    from tachyon.eval.ppl import kv_cache
 
     model, cfg = lm.model, lm.model.cfg
     check_group_size(cfg, group_size)
     if rounding not in ROUNDINGS:
         raise ValueError(f"rounding {rounding!r}: one of {', '.join(ROUNDINGS)}")
     device, block_size = lm.config.device, lm.config.cache.block_size
-    chunks: list[list[list[int]]] = []
-    for s in samples or []:
-        if not chunks or sum(map(len, chunks[-1])) + len(s) > MAX_CHUNK_TOKENS:
-            chunks.append([])
-        chunks[-1].append(s)
-    steps = []
-    for c in chunks:
-        lens = [len(s) for s in c]
-        meta, nblocks = prefill_metadata(lens, block_size, device)
-        ids = torch.tensor([t for s in c for t in s], device=device)
-        steps.append((meta, positions_of(lens, device), nblocks, ids))
+    steps = packed_prefills(samples or [], block_size, device)
     kv = kv_cache(cfg, max((st[2] for st in steps), default=1), block_size, lm.config.dtype, device)
     state = [(model.embed_tokens(ids), None) for _, _, _, ids in steps]
     tensors: dict[str, torch.Tensor] = {}
@@ -377,7 +331,7 @@ def awq_tensors(lm, samples: list[list[int]] | None, group_size: int, clip: bool
         stats = None
         if samples:
             stats = {n: InputStats(layer.get_submodule(n).in_features, device) for n in LINEARS}
-            hooks = [layer.get_submodule(n).register_forward_pre_hook(functools.partial(_record, stats[n]))
+            hooks = [layer.get_submodule(n).register_forward_pre_hook(functools.partial(record_input, stats[n]))
                      for n in LINEARS]
             try:
                 run_layer(layer)
@@ -401,15 +355,3 @@ def awq_tensors(lm, samples: list[list[int]] | None, group_size: int, clip: bool
         if progress and alphas:
             layers.set_postfix({k.rpartition(".")[2]: v for k, v in alphas.items()})
     return tensors, report
-
-
-def calibration_samples(token_ids: list[int], num_samples: int, seq_len: int) -> list[list[int]]:
-    """num_samples windows of seq_len tokens spread evenly over the calibration text (fewer if it is short)."""
-    if num_samples < 1 or seq_len < 1:
-        raise ValueError(f"--calib-samples {num_samples} --calib-seq-len {seq_len}: both must be >= 1")
-    windows = len(token_ids) // seq_len
-    if windows == 0:
-        raise ValueError(f"the calibration text has {len(token_ids)} tokens, fewer than --calib-seq-len {seq_len}")
-    n = min(num_samples, windows)
-    starts = [(j * windows // n) * seq_len for j in range(n)]
-    return [token_ids[s:s + seq_len] for s in starts]

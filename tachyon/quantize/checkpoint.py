@@ -54,6 +54,35 @@ def linears(model: nn.Module) -> Iterator[tuple[int, str, nn.Linear]]:
             yield i, name, layer.get_submodule(name)
 
 
+def compressed_tensors_config(num_type: str) -> dict:
+    """config.json's quantization_config for 8-bit weights with a scale per output feature and 8-bit activations
+    with a scale per token computed at run time, as llm-compressor writes it (compressed-tensors' W8A8 and
+    FP8_DYNAMIC schemes). num_type: "int" or "float" (E4M3)."""
+    if num_type not in ("int", "float"):
+        raise ValueError(f"num_type {num_type!r}: int or float")
+    args = {"num_bits": 8, "type": num_type, "symmetric": True}
+    return {"quant_method": "compressed-tensors", "format": f"{num_type}-quantized",
+            "quantization_status": "compressed",
+            "config_groups": {"group_0": {"targets": ["Linear"],
+                                          "weights": {**args, "strategy": "channel", "dynamic": False},
+                                          "input_activations": {**args, "strategy": "token", "dynamic": True}}},
+            "ignore": ["lm_head"]}
+
+
+def compressed_tensors(model: nn.Module, quantize) -> dict[str, torch.Tensor]:
+    """`weight` (8-bit [N, K]) and `weight_scale` (fp32 [N, 1]) per checkpoint linear, compressed-tensors'
+    int-/float-quantized layout. quantize(layer index, LINEARS name, the fused linear's dense weight [N, K]) ->
+    (8-bit [N, K], scales [N]); one scale per output feature, so each part is its rows."""
+    out = {}
+    for i, name, linear in linears(model):
+        q, s = quantize(i, name, linear.weight.data)
+        for part in parts(model.cfg, i, name):
+            rows = slice(part.start, part.start + part.size)
+            out[part.hf_name + ".weight"] = q[rows].cpu().clone()
+            out[part.hf_name + ".weight_scale"] = s[rows].float()[:, None].cpu().clone()
+    return out
+
+
 def dense_tensors(model: nn.Module, dtype: torch.dtype) -> dict[str, torch.Tensor]:
     """Everything the quantized checkpoint keeps dense, in HF's names: embeddings, norms, lm_head, biases."""
     cfg: ModelConfig = model.cfg
