@@ -278,9 +278,6 @@ class ScaledLinear(QuantLinear):
                 p.data = p.data.to(dtype)
         return self
 
-    def quantize_dense(self, w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        raise NotImplementedError
-
     def _load(self, kind, tensor, start, size, name):
         rows = slice(start, start + size)
         if kind == "weight" and (tensor.is_floating_point() and tensor.dtype != torch.float8_e4m3fn):
@@ -289,7 +286,7 @@ class ScaledLinear(QuantLinear):
             if not whole_rows and tuple(tensor.shape) != (size, self.in_features):
                 raise ValueError(f"checkpoint tensor {name} has shape {tuple(tensor.shape)}, the config expects "
                                  f"{(size, self.in_features)}")
-            q, s = self.quantize_dense(tensor)
+            q, s = (quantize_fp8 if self.QTYPE == torch.float8_e4m3fn else quantize_int8)(tensor)
             if whole_rows:
                 q = q[:, self.in_range[0]:self.in_range[1]]
             copy_checked(self.weight.data[rows], q, name)
@@ -326,9 +323,6 @@ class Fp8Linear(ScaledLinear):
 
     QTYPE = torch.float8_e4m3fn
 
-    def quantize_dense(self, w):
-        return quantize_fp8(w)
-
     def random_(self, gen: torch.Generator) -> None:
         dev = self.weight.device
         self.weight.data.copy_((torch.rand(self.weight.shape, generator=gen, device=dev) * 2 - 1) * 448)
@@ -341,9 +335,6 @@ class W8A8Linear(ScaledLinear):
     """w8a8: int8 weights and activations (SmoothQuant: the smoothing lives in the checkpoint's norms)."""
 
     QTYPE = torch.int8
-
-    def quantize_dense(self, w):
-        return quantize_int8(w)
 
     def random_(self, gen: torch.Generator) -> None:
         self.weight.data.copy_(torch.randint(-127, 128, self.weight.shape, generator=gen, device=self.weight.device,
