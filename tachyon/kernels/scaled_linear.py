@@ -69,7 +69,7 @@ def _w8a8_row_kernel(
         mask_k = kk < K
         x = tl.load(x_row + kk, mask=mask_k, other=0.0).to(tl.float32)
         xq = _quantize(x / s_x, FP8, QMAX)
-        w = tl.load(w_rows + kk[None, :], mask=mask_n[:, None] & mask_k[None, :], other=0)
+        w = tl.load(w_rows + kk[None, :], mask=mask_n[:, None] & mask_k[None, :], other=0.0)
         wf = w.to(tl.float32) if FP8 else _int8_to_float(w)
         acc += tl.sum(wf * xq[None, :], axis=1)
     acc = acc * (tl.load(ws_ptr + offs_n, mask=mask_n, other=0.0) * s_x)

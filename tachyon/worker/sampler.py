@@ -180,7 +180,7 @@ class Sampler:
             banned = [w[-1] for w in sp.bad_words_token_ids or ()
                       if len(w) == 1 or r.output_token_ids[-(len(w) - 1):] == w[:-1]]
             if banned:
-                logits[i, to_device(banned, dev)] = _NEG_INF
+                logits[i].index_fill_(0, to_device(banned, dev), _NEG_INF)  # a scalar put would copy it synchronously
         return logits
 
     def _apply_grammars(self, logits: torch.Tensor, reqs: list[Sequence]) -> torch.Tensor:
@@ -231,7 +231,7 @@ class Sampler:
                 if banned:
                     if not cloned:
                         logits, cloned = logits.clone(), True
-                    logits[i, to_device(sorted(banned), logits.device)] = _NEG_INF
+                    logits[i].index_fill_(0, to_device(sorted(banned), logits.device), _NEG_INF)
         return logits
 
     def _sample_random(self, logits: torch.Tensor, reqs: list[Sequence], greedy: list[bool]) -> torch.Tensor:
