@@ -1,10 +1,11 @@
 """W8A8 linears on the GPU (kernels/scaled_linear.py): correctness against the torch reference, then per-layer
 times of llama3-8b's and llama3-70b's linears at 1..4096 rows for bf16 cuBLAS, int8 weight-only, and fp8 / w8a8
-through each path (the row walk, `_scaled_mm` with and without fast accumulation, `_int_mm`), and the row walk's
-configs at one row. Times: median of CUDA-graph replays of 10 calls each, weights larger than L2 so they come
+through each path (the row walk, `_scaled_mm` with and without fast accumulation, `_int_mm`), and every small-rows
+config (walk and tensor-core dot) at 1, 4 and 16 rows; `--write-tuned` keeps the fastest per shape and bucket. Times: median of CUDA-graph replays of 10 calls each, weights larger than L2 so they come
 from HBM.
 
     PYTHONPATH=. python benchmarks/scaled_kernels.py --out scaled_kernels.json [--rows 1,16,64,256,4096]
+        [--write-tuned tachyon/kernels/quant_tuned/NVIDIA_H200.json]
 """
 
 from __future__ import annotations
@@ -15,16 +16,16 @@ import math
 import time
 
 import torch
+import triton
 
-from tachyon.kernels.quant_linear import int8_linear
-from tachyon.kernels.scaled_linear import quantize_rows, scaled_linear, scaled_linear_ref
+from tachyon.kernels.quant_linear import int8_linear, row_bucket, tuned_key
+from tachyon.kernels.scaled_linear import SMALL_CONFIGS, quantize_rows, scaled_linear, scaled_linear_ref
 from tachyon.kernels.timing import median_replay_ms
 
 SHAPES = [("llama3-8b", "qkv", 6144, 4096), ("llama3-8b", "o", 4096, 4096),
           ("llama3-8b", "gate_up", 28672, 4096), ("llama3-8b", "down", 4096, 14336),
           ("llama3-70b", "gate_up", 57344, 8192), ("llama3-70b", "down", 8192, 28672)]
-WALK_CONFIGS = [(16, 512, 4, 4), (8, 512, 4, 4), (32, 256, 4, 4), (16, 1024, 8, 3), (8, 1024, 4, 3),
-                (32, 512, 8, 3), (4, 1024, 4, 4)]
+CONFIG_ROWS = (1, 4, 16)  # one of each row bucket the small-rows path serves
 CALLS = 10
 
 
@@ -48,6 +49,9 @@ def main() -> None:
     ap.add_argument("--out", required=True)
     ap.add_argument("--rows", default="1,4,16,17,64,256,1024,4096")
     ap.add_argument("--budget-s", type=float, default=200)
+    ap.add_argument("--write-tuned", default=None,
+                    help="merge the fastest small-rows config per (fp8|w8a8, row bucket, shape) into this JSON, the "
+                         "table tachyon/kernels/quant_tuned/<device>.json the kernels read on this GPU model")
     args = ap.parse_args()
     t0 = time.perf_counter()
     rows = [int(r) for r in args.rows.split(",")]
@@ -92,16 +96,43 @@ def main() -> None:
             result["timings"].append(row)
             print(model, layer, m, " ".join(f"{a}={b:.4f}" for a, b in t.items()),
                   f"err fp8 {row['fp8_err']:.2e} w8a8 {row['w8a8_err']:.2e}", flush=True)
-        if time.perf_counter() - t0 < args.budget_s:
-            x = torch.randn(1, k, device=dev, generator=g).to(torch.bfloat16)
-            for cfg in WALK_CONFIGS:
-                ms = {name: time_ms(lambda q=q, s=s: scaled_linear(x, q, s, config=cfg))
-                      for name, q, s in (("fp8", qf, sf), ("w8a8", q8, s8))}
-                result["walk_configs"].append({"model": model, "layer": layer, "config": cfg, "ms": ms})
-                print("walk", model, layer, cfg, ms, flush=True)
+        for m in CONFIG_ROWS:
+            if time.perf_counter() - t0 > args.budget_s:
+                break
+            x = torch.randn(m, k, device=dev, generator=g).to(torch.bfloat16)
+            for name, q, s in (("fp8", qf, sf), ("w8a8", q8, s8)):
+                ref = scaled_linear_ref(x, q, s)
+                ms, err = {}, {}
+                for cfg in SMALL_CONFIGS:
+                    err[str(cfg)] = rel(scaled_linear(x, q, s, config=cfg, force_walk=True), ref)
+                    ms[str(cfg)] = time_ms(lambda q=q, s=s, cfg=cfg: scaled_linear(x, q, s, config=cfg, force_walk=True))
+                best = min(ms, key=ms.get)
+                result["walk_configs"].append({"model": model, "layer": layer, "N": n, "K": k, "M": m, "fmt": name,
+                                               "ms": ms, "err": err, "best": best})
+                print("walk", model, layer, m, name, f"best {best} {ms[best]:.4f} ms "
+                      f"({(n * k) / (ms[best] * 1e6):.0f} GB/s), default {ms[str(SMALL_CONFIGS[0])]:.4f}, "
+                      f"max err {max(err.values()):.1e}", flush=True)
         del qf, q8, wb
     with open(args.out, "w") as f:
         json.dump(result, f, indent=1)
+    if args.write_tuned:
+        write_tuned(result, args.write_tuned)
+
+
+def write_tuned(result: dict, path: str) -> None:
+    """The fastest config per (format, row bucket, N x K), merged into the table quant_kernels.py also writes."""
+    try:
+        with open(path) as f:
+            table = json.load(f)
+    except FileNotFoundError:
+        table = {"device": result["device"], "torch": result["torch"], "triton": triton.__version__}
+    configs = table.setdefault("configs", {})
+    for row in result["walk_configs"]:
+        best = next(c for c in SMALL_CONFIGS if str(c) == row["best"])
+        configs.setdefault(row["fmt"], {}).setdefault(row_bucket(row["M"]), {})[tuned_key(row["N"], row["K"])] = best
+    table["made_by_scaled"] = "PYTHONPATH=. python benchmarks/scaled_kernels.py --write-tuned PATH"
+    with open(path, "w") as f:
+        json.dump(table, f, indent=1)
 
 
 if __name__ == "__main__":

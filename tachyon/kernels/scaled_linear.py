@@ -5,10 +5,14 @@ float8_e4m3fn or int8 with a float32 scale per output feature; each row of x qua
 (max|x_row| / QMAX) or a static one, y = (x_q @ weight.T) * s_x * s_w + bias.
 
 Two paths, by rows:
-- up to MAX_ROW_WALK_ROWS (decode): `_w8a8_row_kernel`, a program per row and strip of output features that
-  finds its row's scale (one pass over x, which is small), then walks K quantizing x in registers exactly as
-  the reference does and accumulating the 8-bit products in fp32. One launch a layer; the time is the weight's
-  bytes over the memory bandwidth (one byte a weight, as int8 weight-only).
+- up to MAX_ROW_WALK_ROWS (decode), one launch a layer, the time the weight's bytes over the memory bandwidth
+  (one byte a weight, as int8 weight-only), two kernels to choose from per GPU, shape and row bucket
+  (`small_config`, measured by benchmarks/scaled_kernels.py):
+  "walk": `_w8a8_row_kernel`, a program per row and strip of output features that finds its row's scale (one
+  pass over x, which is small), then walks K quantizing x in registers as the reference does and accumulating
+  the 8-bit products in fp32 on the CUDA cores;
+  "dot": `_w8a8_dot_kernel`, all rows in one program per strip, weight tile @ x_q.T on tensor cores (rows padded
+  to 16), so each x tile is quantized once per strip and the weight is read once whatever the rows.
 - above (prefill, large batches): `_quantize_rows_kernel` writes x_q and its scales, then the GEMM runs on tensor
   cores: fp8 through `torch._scaled_mm` (row-wise scales: s_x per row, s_w per column, bf16 out), int8 through
   `torch._int_mm` (int32 out) and `_int_epilogue_kernel` (scales, bias, cast).
@@ -23,11 +27,35 @@ import triton
 import triton.language as tl
 
 from tachyon.kernels import pdl
-from tachyon.kernels.quant_linear import _int8_to_float, _num_sms, _output, _sum_splits, split_k
+from tachyon.kernels.quant_linear import (
+    _device_table,
+    _int8_to_float,
+    _num_sms,
+    _output,
+    _sum_splits,
+    row_bucket,
+    split_k,
+    tuned_key,
+)
 from tachyon.kernels.quant_ref import SCALED_QMAX, check_scaled_args, quantize_rows_ref, scaled_linear_ref  # noqa: F401
 
 MAX_ROW_WALK_ROWS = 16  # up to this many rows a linear layer is bandwidth-bound: the row walk
-ROW_WALK_CONFIG = (16, 512, 4, 4)  # BLOCK_N, BLOCK_K, num_warps, num_stages
+ROW_WALK_CONFIG = ("walk", 16, 512, 4, 4)  # kind, BLOCK_N, BLOCK_K, num_warps, num_stages
+SMALL_CONFIGS = [("walk", 16, 512, 4, 4), ("walk", 8, 512, 4, 4), ("walk", 32, 256, 4, 4), ("walk", 16, 1024, 8, 3),
+                 ("walk", 32, 512, 8, 3), ("dot", 64, 128, 4, 4), ("dot", 64, 256, 4, 3), ("dot", 128, 128, 4, 3),
+                 ("dot", 32, 256, 4, 4), ("dot", 128, 256, 8, 3), ("dot", 64, 512, 4, 3), ("dot", 16, 512, 4, 3)]
+
+
+def small_config(weight: torch.Tensor, m: int) -> tuple:
+    """The config for m <= MAX_ROW_WALK_ROWS rows: the one `benchmarks/scaled_kernels.py --write-tuned` measured
+    fastest for this GPU model, layer shape and row bucket (tachyon/kernels/quant_tuned/), else ROW_WALK_CONFIG."""
+    if weight.is_cuda:
+        fmt = "fp8" if weight.dtype == torch.float8_e4m3fn else "w8a8"
+        tuned = _device_table(weight.device.index or 0).get(fmt, {}).get(row_bucket(m), {})
+        cfg = tuned.get(tuned_key(*weight.shape))
+        if cfg is not None:
+            return cfg
+    return ROW_WALK_CONFIG
 _ROUND = tl.constexpr(12582912.0)  # 1.5 * 2**23: (v + it) - it rounds |v| < 2**22 to the nearest even integer
 
 
@@ -38,6 +66,60 @@ def _quantize(v, FP8: tl.constexpr, QMAX: tl.constexpr):
     if FP8:
         return v.to(tl.float8e4nv).to(tl.float32)
     return (v + _ROUND) - _ROUND
+
+
+@triton.jit
+def _quantize8(v, FP8: tl.constexpr, QMAX: tl.constexpr):
+    """x / s_x -> its 8-bit value in the 8-bit type itself (E4M3 or int8), for tensor-core dots."""
+    v = tl.minimum(tl.maximum(v, -QMAX), QMAX)
+    if FP8:
+        return v.to(tl.float8e4nv)
+    return ((v + _ROUND) - _ROUND).to(tl.int8)
+
+
+@triton.jit
+def _w8a8_dot_kernel(
+    x_ptr, w_ptr, ws_ptr, xs_ptr, b_ptr, out_ptr,
+    M, N, K, K_SPLIT, stride_xm, stride_om, stride_os,
+    FP8: tl.constexpr, QMAX: tl.constexpr, STATIC: tl.constexpr, HAS_BIAS: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr = False,
+):
+    """All M <= BLOCK_M rows in one program per strip of output features: W [BLOCK_N, BLOCK_K] @ x_q.T
+    [BLOCK_K, BLOCK_M] on tensor cores (the weight is the MMA's wide operand, the rows its narrow one), int32
+    accumulation for int8 (exact), fp32 for fp8. Each program finds its rows' scales, then quantizes each x tile
+    once, shared by BLOCK_N outputs."""
+    pdl.enter(PDL)
+    pid_n, pid_k = tl.program_id(0), tl.program_id(1)
+    offs_m = tl.arange(0, BLOCK_M)
+    mask_m = offs_m < M
+    offs_k = tl.arange(0, BLOCK_K)
+    x_rows = x_ptr + offs_m.to(tl.int64)[:, None] * stride_xm
+    if STATIC:
+        s_x = tl.load(xs_ptr) + tl.zeros((BLOCK_M,), dtype=tl.float32)
+    else:
+        amax = tl.zeros((BLOCK_M, BLOCK_K), dtype=tl.float32)
+        for k0 in range(0, K, BLOCK_K):
+            xm = mask_m[:, None] & (k0 + offs_k < K)[None, :]
+            amax = tl.maximum(amax, tl.abs(tl.load(x_rows + k0 + offs_k[None, :], mask=xm, other=0.0).to(tl.float32)))
+        s_x = tl.maximum(tl.max(amax, axis=1), 1e-12) / QMAX
+    inv = 1.0 / s_x
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    mask_n = offs_n < N
+    w_rows = w_ptr + offs_n.to(tl.int64)[:, None] * K
+    k_start = pid_k * K_SPLIT
+    k_end = tl.minimum(k_start + K_SPLIT, K)
+    acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32 if FP8 else tl.int32)
+    for k0 in range(k_start, k_end, BLOCK_K):
+        kk = k0 + offs_k
+        mask_k = kk < K
+        w = tl.load(w_rows + kk[None, :], mask=mask_n[:, None] & mask_k[None, :], other=0.0)
+        x = tl.load(x_rows + kk[None, :], mask=mask_m[:, None] & mask_k[None, :], other=0.0).to(tl.float32)
+        acc = tl.dot(w, tl.trans(_quantize8(x * inv[:, None], FP8, QMAX)), acc, out_dtype=acc.dtype)
+    y = acc.to(tl.float32) * tl.load(ws_ptr + offs_n, mask=mask_n, other=0.0)[:, None] * s_x[None, :]
+    if HAS_BIAS:
+        y += tl.load(b_ptr + offs_n, mask=mask_n, other=0.0).to(tl.float32)[:, None]
+    out = out_ptr + pid_k.to(tl.int64) * stride_os + offs_m.to(tl.int64)[None, :] * stride_om + offs_n[:, None]
+    tl.store(out, y.to(out_ptr.dtype.element_ty), mask=mask_m[None, :] & mask_n[:, None])
 
 
 @triton.jit
@@ -58,6 +140,7 @@ def _w8a8_row_kernel(
         for k0 in range(0, K, BLOCK_K):
             amax = tl.maximum(amax, tl.abs(tl.load(x_row + k0 + offs_k, mask=k0 + offs_k < K, other=0.0).to(tl.float32)))
         s_x = tl.maximum(tl.max(amax, axis=0), 1e-12) / QMAX
+    inv = 1.0 / s_x  # one division a program, a multiply an element
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     mask_n = offs_n < N
     w_rows = w_ptr + offs_n.to(tl.int64)[:, None] * K
@@ -68,7 +151,7 @@ def _w8a8_row_kernel(
         kk = k0 + offs_k
         mask_k = kk < K
         x = tl.load(x_row + kk, mask=mask_k, other=0.0).to(tl.float32)
-        xq = _quantize(x / s_x, FP8, QMAX)
+        xq = _quantize(x * inv, FP8, QMAX)
         w = tl.load(w_rows + kk[None, :], mask=mask_n[:, None] & mask_k[None, :], other=0.0)
         wf = w.to(tl.float32) if FP8 else _int8_to_float(w)
         acc += tl.sum(wf * xq[None, :], axis=1)
@@ -134,24 +217,31 @@ def quantize_rows(x: torch.Tensor, qtype: torch.dtype, input_scale: torch.Tensor
 
 
 def _row_walk(x, weight, weight_scale, bias, input_scale, y, config: tuple) -> torch.Tensor:
-    block_n, block_k, warps, stages = config
+    """Up to MAX_ROW_WALK_ROWS rows (any number with a "walk" config): config ("walk" | "dot", BLOCK_N, BLOCK_K,
+    num_warps, num_stages); a bare 4-tuple is a "walk" one."""
+    kind, block_n, block_k, warps, stages = config if len(config) == 5 else ("walk", *config)
+    dot = kind == "dot" and x.shape[0] <= MAX_ROW_WALK_ROWS
     m, k = x.shape
     n = weight.shape[0]
     block_n = min(block_n, max(16, triton.next_power_of_2(n)))
-    block_k = min(block_k, max(16, triton.next_power_of_2(k)))
+    block_k = min(block_k, max(32 if dot else 16, triton.next_power_of_2(k)))
     k_tiles = triton.cdiv(k, block_k)
     tiles = triton.cdiv(n, block_n)
-    split = split_k(m * tiles, k_tiles, m * n * 4, n * k, _num_sms(x.device))
+    programs = tiles if dot else m * tiles
+    split = split_k(programs, k_tiles, m * n * 4, n * k, _num_sms(x.device))
     k_split = triton.cdiv(k_tiles, split) * block_k
     split = triton.cdiv(k, k_split)
     dst = y if split == 1 else torch.empty(split, m, n, dtype=torch.float32, device=x.device)
-    _w8a8_row_kernel[(m, tiles, split)](
-        x, weight, weight_scale, input_scale if input_scale is not None else weight_scale,
-        bias if bias is not None else y, dst, n, k, k_split, x.stride(0), n, m * n,
-        FP8=weight.dtype == torch.float8_e4m3fn, QMAX=SCALED_QMAX[weight.dtype], STATIC=input_scale is not None,
-        HAS_BIAS=bias is not None and split == 1, BLOCK_N=block_n, BLOCK_K=block_k,
-        num_warps=warps, num_stages=stages, **pdl.launch_args(),
-    )
+    args = (x, weight, weight_scale, input_scale if input_scale is not None else weight_scale,
+            bias if bias is not None else y, dst)
+    meta = dict(FP8=weight.dtype == torch.float8_e4m3fn, QMAX=SCALED_QMAX[weight.dtype],
+                STATIC=input_scale is not None, HAS_BIAS=bias is not None and split == 1, BLOCK_N=block_n,
+                BLOCK_K=block_k, num_warps=warps, num_stages=stages, **pdl.launch_args())
+    if dot:
+        _w8a8_dot_kernel[(tiles, split)](*args, m, n, k, k_split, x.stride(0), n, m * n,
+                                         BLOCK_M=MAX_ROW_WALK_ROWS, **meta)
+    else:
+        _w8a8_row_kernel[(m, tiles, split)](*args, n, k, k_split, x.stride(0), n, m * n, **meta)
     if split > 1:
         _sum_splits(dst, bias, y)
     return y
@@ -171,7 +261,8 @@ def scaled_linear(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Ten
                   config: tuple | None = None, out: torch.Tensor | None = None, force_walk: bool = False
                   ) -> torch.Tensor:
     """x [M, K] @ W8A8 weight [N, K] (+ bias) -> [M, N] in x's dtype (the module docstring has the paths).
-    config: the row walk's (BLOCK_N, BLOCK_K, num_warps, num_stages); force_walk: the row walk at any M."""
+    config: a SMALL_CONFIGS entry (default: `small_config`); force_walk: the small-rows path at any M (a "dot"
+    config there serves up to MAX_ROW_WALK_ROWS rows, the walk above)."""
     n, k = check_scaled_args(x, weight, weight_scale, bias, input_scale, "scaled_linear")
     if x.stride(-1) != 1:
         x = x.contiguous()
@@ -183,7 +274,8 @@ def scaled_linear(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Ten
     if m == 0:
         return y
     if walk:
-        return _row_walk(x, weight, weight_scale, bias, input_scale, y, config or ROW_WALK_CONFIG)
+        return _row_walk(x, weight, weight_scale, bias, input_scale, y,
+                         config or (small_config(weight, m) if m <= MAX_ROW_WALK_ROWS else ROW_WALK_CONFIG))
     xq, xs = quantize_rows(x, weight.dtype, input_scale)
     if weight.dtype == torch.float8_e4m3fn:
         r = torch._scaled_mm(xq, weight.t(), scale_a=xs[:, None], scale_b=weight_scale[None, :],
