@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Issue 15 on the GPU, second round: GPU tests, the small-rows configs (walk vs tensor-core dot) measured per shape and
-# written to the tuned table the engine reads, then llama3-8b fp8 / w8a8 `single` + `throughput` and bf16 `throughput`.
+# written to the tuned table the engine reads, then llama3-8b fp8 / w8a8 `single` + `throughput`, bf16 `throughput`,
+# fp8 `throughput` with the fp8 KV cache.
 # Usage (repo root, GPU machine): OUT=dir bash benchmarks/gpu_issue15_d.sh
 set -u
 export PYTHONPATH=.
@@ -18,6 +19,7 @@ run() {  # name, seconds, args...
   timeout $secs python benchmarks/gpu_run.py perf --lean-single --out "$OUT/perf_$name.json" "$@" > "$OUT/perf_$name.log" 2>&1
   echo "== $name rc=$?"; grep -iE "\] (single|throughput) |Error|Traceback" "$OUT/perf_$name.log" | cut -c1-200 | tail -4
 }
-run 8b_fp8 150 --quantization fp8 --workloads single,throughput
-run 8b_w8a8 130 --quantization w8a8 --workloads single,throughput
-run 8b_bf16 $((590 - SECONDS)) --workloads throughput
+run 8b_fp8 130 --quantization fp8 --workloads single,throughput
+run 8b_w8a8 120 --quantization w8a8 --workloads single,throughput
+run 8b_bf16 100 --workloads throughput
+run 8b_fp8_kvfp8 $((590 - SECONDS)) --quantization fp8 --kv-cache-dtype fp8 --workloads throughput
