@@ -3,7 +3,8 @@
 # written to the tuned table the engine reads, then llama3-8b fp8 / w8a8 `single` + `throughput`, bf16 `throughput`,
 # fp8 `throughput` with the fp8 KV cache.
 # First, issue 21's gateway overhead on the device's 16 cores (no GPU; fastapi/starlette/uvicorn/pydantic from .whl).
-# Usage (repo root, GPU machine, carry .whl): OUT=dir bash benchmarks/gpu_issue15_d.sh
+# Usage (repo root, GPU machine, carry .whl): OUT=dir [END_S=590] bash benchmarks/gpu_issue15_d.sh
+# (END_S: the bf16 and fp8-KV throughput runs only start while 90 s are left before it)
 set -u
 export PYTHONPATH=.
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader > "$OUT/gpu.txt"
@@ -18,7 +19,7 @@ timeout 100 python -m pytest -q -p no:cacheprovider tests/kernels/test_scaled_li
   > "$OUT/gpu_tests.txt" 2>&1
 tail -3 "$OUT/gpu_tests.txt"
 TUNED=tachyon/kernels/quant_tuned/$(python -c "import torch; print(torch.cuda.get_device_name().replace(' ', '_'))").json
-timeout 130 python benchmarks/scaled_kernels.py --rows 1,16,256,4096 --budget-s 100 --out "$OUT/scaled_kernels.json" \
+timeout 110 python benchmarks/scaled_kernels.py --rows 1,16,256,4096 --budget-s 80 --out "$OUT/scaled_kernels.json" \
   --write-tuned "$TUNED" > "$OUT/scaled_kernels.log" 2>&1
 echo "scaled_kernels rc=$?"; cp "$TUNED" "$OUT/"
 grep -v "^walk" "$OUT/scaled_kernels.log" | cut -c1-300 | tail -8; grep "^walk" "$OUT/scaled_kernels.log" | cut -c1-160
@@ -29,5 +30,6 @@ run() {  # name, seconds, args...
 }
 run 8b_fp8 130 --quantization fp8 --workloads single,throughput
 run 8b_w8a8 120 --quantization w8a8 --workloads single,throughput
-run 8b_bf16 100 --workloads throughput
-[ $SECONDS -lt 500 ] && run 8b_fp8_kvfp8 $((590 - SECONDS)) --quantization fp8 --kv-cache-dtype fp8 --workloads throughput
+END=${END_S:-590}
+[ $SECONDS -lt $((END - 90)) ] && run 8b_bf16 $((END - SECONDS)) --workloads throughput
+[ $SECONDS -lt $((END - 90)) ] && run 8b_fp8_kvfp8 $((END - SECONDS)) --quantization fp8 --kv-cache-dtype fp8 --workloads throughput
