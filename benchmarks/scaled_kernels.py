@@ -49,6 +49,9 @@ def main() -> None:
     ap.add_argument("--out", required=True)
     ap.add_argument("--rows", default="1,4,16,17,64,256,1024,4096")
     ap.add_argument("--budget-s", type=float, default=200)
+    ap.add_argument("--config-rows", default=",".join(map(str, CONFIG_ROWS)),
+                    help="rows at which every small-rows config is timed (default: one of each row bucket)")
+    ap.add_argument("--models", default="llama3-8b,llama3-70b", help="which models' layer shapes")
     ap.add_argument("--write-tuned", default=None,
                     help="merge the fastest small-rows config per (fp8|w8a8, row bucket, shape) into this JSON, the "
                          "table tachyon/kernels/quant_tuned/<device>.json the kernels read on this GPU model")
@@ -59,7 +62,7 @@ def main() -> None:
     g = torch.Generator(device=dev).manual_seed(0)
     result = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "checks": [], "timings": [],
               "walk_configs": []}
-    for model, layer, n, k in SHAPES:
+    for model, layer, n, k in [s for s in SHAPES if s[0] in args.models.split(",")]:
         w = torch.randn(n, k, device=dev, generator=g) / math.sqrt(k)
         wb = w.to(torch.bfloat16)
         s8 = w.abs().amax(1) / 127
@@ -96,7 +99,7 @@ def main() -> None:
             result["timings"].append(row)
             print(model, layer, m, " ".join(f"{a}={b:.4f}" for a, b in t.items()),
                   f"err fp8 {row['fp8_err']:.2e} w8a8 {row['w8a8_err']:.2e}", flush=True)
-        for m in CONFIG_ROWS:
+        for m in [int(r) for r in args.config_rows.split(",")]:
             if time.perf_counter() - t0 > args.budget_s:
                 break
             x = torch.randn(m, k, device=dev, generator=g).to(torch.bfloat16)

@@ -213,9 +213,11 @@ class Sampler:
                     vals = row[seen]
                     row[seen] = torch.where(vals > 0, vals / sp.repetition_penalty, vals * sp.repetition_penalty)
             if sp.presence_penalty != 0.0 or sp.frequency_penalty != 0.0:
-                out = r.output_token_ids
-                if out:
-                    counts = torch.bincount(to_device(out, logits.device), minlength=V)[:V].to(row.dtype)
+                out = [t for t in r.output_token_ids if t < V]
+                if out:  # (not bincount: it reads the largest id back to size its answer, a stream sync)
+                    counts = torch.zeros(V, dtype=row.dtype, device=logits.device).index_add_(
+                        0, to_device(out, logits.device, torch.long), torch.ones(len(out), dtype=row.dtype,
+                                                                               device=logits.device))
                     row -= sp.frequency_penalty * counts + sp.presence_penalty * (counts > 0).to(row.dtype)
         return logits
 
@@ -280,8 +282,9 @@ class Sampler:
             if len(unseeded) == S:
                 q.exponential_(generator=self.generator)
             else:
-                q[unseeded] = torch.empty((len(unseeded), *like.shape[1:]), device=like.device,
-                                          dtype=like.dtype).exponential_(generator=self.generator)
+                draws = torch.empty((len(unseeded), *like.shape[1:]), device=like.device,
+                                    dtype=like.dtype).exponential_(generator=self.generator)
+                q.index_copy_(0, to_device(unseeded, like.device, torch.long), draws)  # (a list index would sync)
         for i, r in enumerate(reqs):
             if r.generator is not None:
                 q[i].exponential_(generator=r.generator)
