@@ -1,8 +1,9 @@
 """W8A8 linears on the GPU (kernels/scaled_linear.py): correctness against the torch reference, then per-layer
 times of llama3-8b's and llama3-70b's linears at 1..4096 rows for bf16 cuBLAS, int8 weight-only, and fp8 / w8a8
-through each path (the row walk, `_scaled_mm` with and without fast accumulation, `_int_mm`), and every small-rows
-config (walk and tensor-core dot) at 1, 4 and 16 rows; `--write-tuned` keeps the fastest per shape and bucket. Times: median of CUDA-graph replays of 10 calls each, weights larger than L2 so they come
-from HBM.
+through each path (the row walk, `_scaled_mm` with and without fast accumulation, `_int_mm`); every small-rows
+config (walk and tensor-core dot) at 1, 4 and 16 rows; above 16 rows cuBLAS against the fused GEMM's configs.
+`--write-tuned` keeps the fastest per shape and row bucket. Times: median of CUDA-graph replays of 10 calls each,
+weights larger than L2 so they come from HBM.
 
     PYTHONPATH=. python benchmarks/scaled_kernels.py --out scaled_kernels.json [--rows 1,16,64,256,4096]
         [--write-tuned tachyon/kernels/quant_tuned/NVIDIA_H200.json]
@@ -19,7 +20,15 @@ import torch
 import triton
 
 from tachyon.kernels.quant_linear import int8_linear, row_bucket, tuned_key
-from tachyon.kernels.scaled_linear import SMALL_CONFIGS, quantize_rows, scaled_linear, scaled_linear_ref
+from tachyon.kernels.scaled_linear import (
+    GEMM_CONFIGS,
+    MAX_ROW_WALK_ROWS,
+    SMALL_CONFIGS,
+    cublas_takes,
+    quantize_rows,
+    scaled_linear,
+    scaled_linear_ref,
+)
 from tachyon.kernels.timing import median_replay_ms
 
 SHAPES = [("llama3-8b", "qkv", 6144, 4096), ("llama3-8b", "o", 4096, 4096),
@@ -95,6 +104,18 @@ def main() -> None:
                 xi, _ = quantize_rows(x, torch.int8)
                 t["int_mm"] = time_ms(lambda: torch._int_mm(xi, q8.t()))
             row["ms"] = t
+            if m > MAX_ROW_WALK_ROWS:  # cuBLAS against the fused GEMM's configs, for the tuned table
+                for name, q, s in (("fp8", qf, sf), ("w8a8", q8, s8)):
+                    ref = scaled_linear_ref(x, q, s)
+                    cfgs = [c for c in GEMM_CONFIGS if c[0] != "cublas" or cublas_takes(x, q)]
+                    err = {str(c): rel(scaled_linear(x, q, s, config=c), ref) for c in cfgs}
+                    ms = {str(c): time_ms(lambda q=q, s=s, c=c: scaled_linear(x, q, s, config=c)) for c in cfgs}
+                    best = min(ms, key=ms.get)
+                    result["walk_configs"].append({"model": model, "layer": layer, "N": n, "K": k, "M": m,
+                                                   "fmt": name, "ms": ms, "err": err, "best": best})
+                    print("gemm", model, layer, m, name, f"best {best} {ms[best]:.4f} ms, cublas "
+                          f"{ms.get(str(GEMM_CONFIGS[0]), float('nan')):.4f}, max err {max(err.values()):.1e}",
+                          flush=True)
             row["fp8_walk_GBps"] = (n * k + m * k * 2) / (t.get("fp8_walk", float("nan")) * 1e6)
             result["timings"].append(row)
             print(model, layer, m, " ".join(f"{a}={b:.4f}" for a, b in t.items()),
@@ -131,7 +152,7 @@ def write_tuned(result: dict, path: str) -> None:
         table = {"device": result["device"], "torch": result["torch"], "triton": triton.__version__}
     configs = table.setdefault("configs", {})
     for row in result["walk_configs"]:
-        best = next(c for c in SMALL_CONFIGS if str(c) == row["best"])
+        best = next(c for c in SMALL_CONFIGS + GEMM_CONFIGS if str(c) == row["best"])
         configs.setdefault(row["fmt"], {}).setdefault(row_bucket(row["M"]), {})[tuned_key(row["N"], row["K"])] = best
     table["made_by_scaled"] = "PYTHONPATH=. python benchmarks/scaled_kernels.py --write-tuned PATH"
     with open(path, "w") as f:

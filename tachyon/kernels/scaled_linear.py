@@ -41,22 +41,29 @@ from tachyon.kernels.quant_ref import SCALED_QMAX, check_scaled_args, quantize_r
 
 MAX_ROW_WALK_ROWS = 16  # up to this many rows a linear layer is bandwidth-bound: the row walk
 ROW_WALK_CONFIG = ("walk", 16, 512, 4, 4)  # kind, BLOCK_N, BLOCK_K, num_warps, num_stages
+CUBLAS_CONFIG = ("cublas",)  # quantize_rows, then torch._scaled_mm (fp8) or torch._int_mm + _int_epilogue_kernel
 SMALL_CONFIGS = [("walk", 16, 512, 4, 4), ("walk", 8, 512, 4, 4), ("walk", 32, 256, 4, 4), ("walk", 16, 1024, 8, 3),
                  ("walk", 32, 512, 8, 3), ("dot", 64, 128, 4, 4), ("dot", 64, 256, 4, 3), ("dot", 128, 128, 4, 3),
                  ("dot", 32, 256, 4, 4), ("dot", 128, 256, 8, 3), ("dot", 64, 512, 4, 3), ("dot", 16, 512, 4, 3)]
+# above MAX_ROW_WALK_ROWS: cuBLAS or the fused GEMM ("gemm", BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages)
+GEMM_CONFIGS = [CUBLAS_CONFIG, ("gemm", 32, 128, 128, 4, 4), ("gemm", 64, 128, 128, 4, 4), ("gemm", 64, 256, 128, 8, 3),
+                ("gemm", 128, 128, 128, 8, 3), ("gemm", 128, 256, 128, 8, 3), ("gemm", 16, 128, 256, 4, 4)]
+_ROUND = tl.constexpr(12582912.0)  # 1.5 * 2**23: (v + it) - it rounds |v| < 2**22 to the nearest even integer
 
 
-def small_config(weight: torch.Tensor, m: int) -> tuple:
-    """The config for m <= MAX_ROW_WALK_ROWS rows: the one `benchmarks/scaled_kernels.py --write-tuned` measured
-    fastest for this GPU model, layer shape and row bucket (tachyon/kernels/quant_tuned/), else ROW_WALK_CONFIG."""
+def default_scaled_config(x: torch.Tensor, weight: torch.Tensor) -> tuple:
+    """The config for x's rows: the one `benchmarks/scaled_kernels.py --write-tuned` measured fastest for this GPU
+    model, layer shape and row bucket (tachyon/kernels/quant_tuned/), else the row walk up to MAX_ROW_WALK_ROWS
+    rows and cuBLAS above (the row walk where cuBLAS does not take the shape: see `cublas_takes`)."""
+    m = x.shape[0]
     if weight.is_cuda:
         fmt = "fp8" if weight.dtype == torch.float8_e4m3fn else "w8a8"
-        tuned = _device_table(weight.device.index or 0).get(fmt, {}).get(row_bucket(m), {})
-        cfg = tuned.get(tuned_key(*weight.shape))
-        if cfg is not None:
+        cfg = _device_table(weight.device.index or 0).get(fmt, {}).get(row_bucket(m), {}).get(
+            tuned_key(*weight.shape))
+        if cfg is not None and (cfg[0] != "cublas" or cublas_takes(x, weight)) and (
+                cfg[0] != "dot" or m <= MAX_ROW_WALK_ROWS):
             return cfg
-    return ROW_WALK_CONFIG
-_ROUND = tl.constexpr(12582912.0)  # 1.5 * 2**23: (v + it) - it rounds |v| < 2**22 to the nearest even integer
+    return CUBLAS_CONFIG if m > MAX_ROW_WALK_ROWS and cublas_takes(x, weight) else ROW_WALK_CONFIG
 
 
 @triton.jit
@@ -202,6 +209,42 @@ def _int_epilogue_kernel(acc_ptr, xs_ptr, ws_ptr, b_ptr, out_ptr, M, N, HAS_BIAS
     tl.store(out_ptr + idx, acc.to(out_ptr.dtype.element_ty), mask=mask)
 
 
+@triton.jit
+def _w8a8_gemm_kernel(xq_ptr, xs_ptr, w_ptr, ws_ptr, b_ptr, out_ptr, M, N, K,
+                      FP8: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                      BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, PDL: tl.constexpr = False):
+    """out [M, N] = (x_q [M, K] @ W [N, K].T) * s_x[:, None] * s_w[None, :] (+ bias), x_q already quantized
+    (`quantize_rows`): an 8-bit tensor-core GEMM with the scales in its epilogue, so the int32 products never go
+    to memory (torch._int_mm writes them, and a second kernel reads them back). Tiles in groups of GROUP_M rows
+    of tiles, so neighbouring programs share weight tiles in L2."""
+    pdl.enter(PDL)
+    pid = tl.program_id(0)
+    tiles_m, tiles_n = tl.cdiv(M, BLOCK_M), tl.cdiv(N, BLOCK_N)
+    group = pid // (GROUP_M * tiles_n)
+    first_m = group * GROUP_M
+    rows = tl.minimum(tiles_m - first_m, GROUP_M)
+    pid_m = first_m + (pid % (GROUP_M * tiles_n)) % rows
+    pid_n = (pid % (GROUP_M * tiles_n)) // rows
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_k = tl.arange(0, BLOCK_K)
+    mask_m, mask_n = offs_m < M, offs_n < N
+    a_ptrs = xq_ptr + offs_m.to(tl.int64)[:, None] * K + offs_k[None, :]
+    b_ptrs = w_ptr + offs_n.to(tl.int64)[None, :] * K + offs_k[:, None]  # [BLOCK_K, BLOCK_N], K-major
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32 if FP8 else tl.int32)
+    for k0 in range(0, K, BLOCK_K):
+        mask_k = k0 + offs_k < K
+        a = tl.load(a_ptrs + k0, mask=mask_m[:, None] & mask_k[None, :], other=0.0)
+        b = tl.load(b_ptrs + k0, mask=mask_k[:, None] & mask_n[None, :], other=0.0)
+        acc = tl.dot(a, b, acc, out_dtype=acc.dtype)
+    y = acc.to(tl.float32) * tl.load(xs_ptr + offs_m, mask=mask_m, other=0.0)[:, None]
+    y = y * tl.load(ws_ptr + offs_n, mask=mask_n, other=0.0)[None, :]
+    if HAS_BIAS:
+        y += tl.load(b_ptr + offs_n, mask=mask_n, other=0.0).to(tl.float32)[None, :]
+    out = out_ptr + offs_m.to(tl.int64)[:, None] * N + offs_n[None, :]
+    tl.store(out, y.to(out_ptr.dtype.element_ty), mask=mask_m[:, None] & mask_n[None, :])
+
+
 def quantize_rows(x: torch.Tensor, qtype: torch.dtype, input_scale: torch.Tensor | None = None
                   ) -> tuple[torch.Tensor, torch.Tensor]:
     """x [M, K] -> (x_q [M, K] in qtype, fp32 scales [M]), as quantize_rows_ref, in one launch."""
@@ -249,8 +292,8 @@ def _row_walk(x, weight, weight_scale, bias, input_scale, y, config: tuple) -> t
     return y
 
 
-def gemm_path(x: torch.Tensor, weight: torch.Tensor) -> bool:
-    """Whether x's rows go through cuBLAS (row-wise fp8 `_scaled_mm`, `_int_mm`) rather than the row walk."""
+def cublas_takes(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    """Whether cuBLAS (row-wise fp8 `_scaled_mm`, `_int_mm`) takes these shapes and dtypes."""
     m, k = x.shape
     n = weight.shape[0]
     if m <= MAX_ROW_WALK_ROWS or not x.is_cuda or k % 16 or n % 16:
@@ -258,27 +301,46 @@ def gemm_path(x: torch.Tensor, weight: torch.Tensor) -> bool:
     return weight.dtype == torch.int8 or x.dtype == torch.bfloat16
 
 
+def gemm_path(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    """Whether x's rows are quantized first and then multiplied (cuBLAS or the fused GEMM), rather than walked."""
+    return default_scaled_config(x, weight)[0] in ("cublas", "gemm")
+
+
 def scaled_linear(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor,
                   bias: torch.Tensor | None = None, input_scale: torch.Tensor | None = None,
                   config: tuple | None = None, out: torch.Tensor | None = None, force_walk: bool = False
                   ) -> torch.Tensor:
     """x [M, K] @ W8A8 weight [N, K] (+ bias) -> [M, N] in x's dtype (the module docstring has the paths).
-    config: a SMALL_CONFIGS entry (default: `small_config`); force_walk: the small-rows path at any M (a "dot"
-    config there serves up to MAX_ROW_WALK_ROWS rows, the walk above)."""
+    config: a SMALL_CONFIGS or GEMM_CONFIGS entry (default: `default_scaled_config`; a bare 4-tuple is a "walk"
+    one); force_walk: the small-rows path at any M (config, else ROW_WALK_CONFIG; a "dot" config serves up to
+    MAX_ROW_WALK_ROWS rows, the walk above)."""
     n, k = check_scaled_args(x, weight, weight_scale, bias, input_scale, "scaled_linear")
     if x.stride(-1) != 1:
         x = x.contiguous()
     if not (weight.is_contiguous() and weight_scale.is_contiguous()):
         raise ValueError("scaled_linear: weight and weight_scale must be contiguous")
     m = x.shape[0]
-    walk = force_walk or not gemm_path(x, weight)
-    y = _output(x, n, out) if walk or out is not None or weight.dtype == torch.int8 else None
+    if force_walk:
+        config = config or ROW_WALK_CONFIG
+    elif config is None:
+        config = default_scaled_config(x, weight)
+    elif config[0] == "cublas" and not cublas_takes(x, weight):
+        raise ValueError(f"scaled_linear: cuBLAS does not take {m} rows of {x.dtype} x {weight.dtype} [{n}, {k}]")
+    kind = config[0] if isinstance(config[0], str) else "walk"
+    y = _output(x, n, out) if kind != "cublas" or out is not None or weight.dtype == torch.int8 else None
     if m == 0:
         return y
-    if walk:
-        return _row_walk(x, weight, weight_scale, bias, input_scale, y,
-                         config or (small_config(weight, m) if m <= MAX_ROW_WALK_ROWS else ROW_WALK_CONFIG))
+    if kind in ("walk", "dot"):
+        return _row_walk(x, weight, weight_scale, bias, input_scale, y, config)
     xq, xs = quantize_rows(x, weight.dtype, input_scale)
+    if kind == "gemm":
+        _, block_m, block_n, block_k, warps, stages = config
+        grid = (triton.cdiv(m, block_m) * triton.cdiv(n, block_n),)
+        _w8a8_gemm_kernel[grid](xq, xs, weight, weight_scale, bias if bias is not None else y, y, m, n, k,
+                                FP8=weight.dtype == torch.float8_e4m3fn, HAS_BIAS=bias is not None,
+                                BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=min(block_k, max(32, triton.next_power_of_2(k))),
+                                GROUP_M=8, num_warps=warps, num_stages=stages, **pdl.launch_args())
+        return y
     if weight.dtype == torch.float8_e4m3fn:
         r = torch._scaled_mm(xq, weight.t(), scale_a=xs[:, None], scale_b=weight_scale[None, :],
                              out_dtype=torch.bfloat16)

@@ -71,6 +71,9 @@ def test_scaled_linear_matches_ref(dtype, device, rel_err, qtype, m, static):
         # tensor cores: all rows in one program, int32 (int8) or fp32 (fp8) accumulation, K split in 3
         dot = scaled_linear(x, w, ws, bias, scale, force_walk=True, config=("dot", 16, 32, 4, 2))
         assert rel_err(dot, ref) < (2e-2 if dtype == torch.bfloat16 else 2e-3)
+    # rows quantized first, then the fused GEMM: partial tiles in M (m % 16), N (80 % 64) and K (96 % 64)
+    gemm = scaled_linear(x, w, ws, bias, scale, config=("gemm", 16, 64, 64, 4, 2))
+    assert gemm.dtype == dtype and rel_err(gemm, ref) < (2e-2 if dtype == torch.bfloat16 else 2e-3)
 
 
 @pytest.mark.parametrize("qtype", QTYPES)
@@ -94,6 +97,14 @@ def test_gemm_path_choice():
         assert not gemm_path(x[:MAX_ROW_WALK_ROWS], w8.cuda())
         assert not gemm_path(x.half(), w8.cuda().to(torch.float8_e4m3fn))  # row-wise fp8 cuBLAS: bf16 out only
         assert not gemm_path(x[:, :40], torch.zeros(32, 40, dtype=torch.int8, device="cuda"))  # K % 16
+
+
+def test_cublas_config_only_where_cublas_takes_the_shape():
+    w, ws = _weight(32, 40, torch.int8, DEVICE)  # K = 40: not a multiple of 16
+    x = torch.randn(MAX_ROW_WALK_ROWS + 1, 40, device=DEVICE)
+    with pytest.raises(ValueError, match=r"cuBLAS does not take 17 rows of torch.float32 x torch.int8 \[32, 40\]"):
+        scaled_linear(x, w, ws, config=("cublas",))
+    assert not gemm_path(x, w)  # the default walks these rows
 
 
 def test_rejects_bad_inputs(device):
