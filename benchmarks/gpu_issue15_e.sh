@@ -11,7 +11,7 @@
 set -u
 export PYTHONPATH=.
 END=${END_S:-590}
-nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
+nvidia-smi --query-gpu=name,memory.total --format=csv,noheader  # (stdout only: 8 files come back)
 mkdir -p /tmp/site && python -m pip install -q --no-index --no-deps --no-compile --target /tmp/site \
   .whl/pydantic-2*.whl .whl/pydantic_core-*.whl .whl/annotated_types-*.whl .whl/typing_inspection-*.whl \
   .whl/fastapi-*.whl .whl/starlette-*.whl .whl/uvicorn-*.whl .whl/opentelemetry_api-*.whl > /dev/null 2>&1
