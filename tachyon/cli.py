@@ -6,13 +6,10 @@ import argparse
 import os
 import sys
 
-from tachyon.bench.cli import add_bench_args
-from tachyon.engine_args import EngineArgs
-from tachyon.eval import add_eval_args
 from tachyon.gateway.cli import add_gateway_args
-from tachyon.plan import add_plan_args
-from tachyon.quantize import add_quantize_args
-from tachyon.server.cli import add_serve_args
+
+# The engine's flags (engine_args, and through it torch) load in build_parser and the commands that run a model:
+# `tachyon gateway` runs none, and starts without them (see main).
 
 
 def _sampling(args) -> "SamplingParams":  # noqa: F821
@@ -52,6 +49,7 @@ def _stream(engine, rid: str, out=None) -> "RequestOutput":  # noqa: F821
 
 
 def cmd_generate(args) -> int:
+    from tachyon.engine_args import EngineArgs
     from tachyon.llm import LLM
 
     llm = LLM(**vars(EngineArgs.from_cli_args(args)))
@@ -74,6 +72,7 @@ def cmd_generate(args) -> int:
 
 
 def cmd_chat(args) -> int:
+    from tachyon.engine_args import EngineArgs
     from tachyon.llm import LLM
 
     print("loading model ...", file=sys.stderr, flush=True)
@@ -150,6 +149,13 @@ def cmd_gateway(args) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from tachyon.bench.cli import add_bench_args
+    from tachyon.engine_args import EngineArgs
+    from tachyon.eval import add_eval_args
+    from tachyon.plan import add_plan_args
+    from tachyon.quantize import add_quantize_args
+    from tachyon.server.cli import add_serve_args
+
     parser = argparse.ArgumentParser(prog="tachyon", description="Tachyon LLM inference engine", allow_abbrev=False)
     sub = parser.add_subparsers(dest="command", required=True)
 
@@ -189,7 +195,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_eval_args(p)
     p.set_defaults(func=cmd_eval)
 
-    p = sub.add_parser("gateway", help="API gateway over OpenAI-compatible backends: keys, limits, routing, balancing")
+    p = sub.add_parser("gateway", help=_GATEWAY_HELP)
     add_gateway_args(p)
     p.set_defaults(func=cmd_gateway)
     for command in all_parsers(parser):
@@ -207,10 +213,24 @@ def all_parsers(parser: argparse.ArgumentParser) -> list[argparse.ArgumentParser
     return found
 
 
+_GATEWAY_HELP = "API gateway over OpenAI-compatible backends: keys, limits, routing, balancing"
+
+
+def _gateway_parser() -> argparse.ArgumentParser:
+    """`tachyon gateway` alone: the same flags as build_parser's, without the engine's modules."""
+    p = argparse.ArgumentParser(prog="tachyon gateway", description=_GATEWAY_HELP, allow_abbrev=False)
+    add_gateway_args(p)
+    p.set_defaults(func=cmd_gateway, command="gateway")
+    return p
+
+
 def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["gateway"]:  # no model runs here: a gateway process never imports torch
+        args = _gateway_parser().parse_args(argv[1:])
+    else:
+        args = build_parser().parse_args(argv)
     try:
         return args.func(args) or 0
     except (ValueError, FileNotFoundError, TypeError) as e:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import subprocess
 import sys
 
 from tachyon.cli import main
@@ -23,3 +24,24 @@ def test_chat_answers_and_exits(monkeypatch, capsys):
 def test_bad_model_path_is_a_clear_error(capsys):
     assert main(["generate", "hi", "--model", "/no/such/model"]) == 2
     assert "does not exist" in capsys.readouterr().err
+
+
+def test_gateway_starts_without_the_engine(tmp_path):
+    """`tachyon gateway` runs no model: parsing its flags and building its app import neither torch nor the
+    engine, so a gateway host needs neither (and starts in a fraction of the time)."""
+    cfg = tmp_path / "gateway.yaml"
+    cfg.write_text('{"pools": {"p": {"backends": [{"url": "http://127.0.0.1:9"}]}}, "routes": [{"model": "m", "pool": "p"}]}')
+    code = (
+        "import sys\n"
+        "from tachyon.cli import _gateway_parser\n"
+        "from tachyon.gateway.app import create_gateway_app\n"
+        "from tachyon.gateway.config import load_config\n"
+        f"args = _gateway_parser().parse_args(['--config', {str(cfg)!r}, '--port', '0'])\n"
+        "create_gateway_app(load_config(args.config))\n"
+        "print(sorted(m for m in ('torch', 'tachyon.llm', 'tachyon.engine_args') if m in sys.modules))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"
+    from tachyon import LLM  # the package's names still load on first use
+    assert LLM.__name__ == "LLM"
