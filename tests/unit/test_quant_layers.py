@@ -173,7 +173,7 @@ def test_checkpoint_quantization_configs():
 
 
 @pytest.mark.parametrize("model", ["llama3-8b", "llama3-70b"])
-@pytest.mark.parametrize("method", ["awq", "int8"])
+@pytest.mark.parametrize("method", ["awq", "int8", "fp8", "w8a8"])
 def test_plan_counts_the_bytes_the_engine_holds(model, method):
     cfg = ModelConfig.from_file(os.path.join(ROOT, "benchmarks", "models", f"{model}.json"))
     cfg.quantization = QuantConfig(method)
