@@ -4,18 +4,21 @@ The math and the layouts are `quant_ref.py`'s (`scaled_linear_ref` is the oracle
 float8_e4m3fn or int8 with a float32 scale per output feature; each row of x quantized with its own scale
 (max|x_row| / QMAX) or a static one, y = (x_q @ weight.T) * s_x * s_w + bias.
 
-Two paths, by rows:
+Paths, by rows, chosen per GPU model, layer shape and row bucket by `default_scaled_config` from the table that
+`benchmarks/scaled_kernels.py --write-tuned` measures (tachyon/kernels/quant_tuned/<GPU>.json); without one, the
+walk up to MAX_ROW_WALK_ROWS rows and cuBLAS above:
 - up to MAX_ROW_WALK_ROWS (decode), one launch a layer, the time the weight's bytes over the memory bandwidth
-  (one byte a weight, as int8 weight-only), two kernels to choose from per GPU, shape and row bucket
-  (`small_config`, measured by benchmarks/scaled_kernels.py):
+  (one byte a weight, as int8 weight-only):
   "walk": `_w8a8_row_kernel`, a program per row and strip of output features that finds its row's scale (one
   pass over x, which is small), then walks K quantizing x in registers as the reference does and accumulating
   the 8-bit products in fp32 on the CUDA cores;
   "dot": `_w8a8_dot_kernel`, all rows in one program per strip, weight tile @ x_q.T on tensor cores (rows padded
   to 16), so each x tile is quantized once per strip and the weight is read once whatever the rows.
-- above (prefill, large batches): `_quantize_rows_kernel` writes x_q and its scales, then the GEMM runs on tensor
-  cores: fp8 through `torch._scaled_mm` (row-wise scales: s_x per row, s_w per column, bf16 out), int8 through
-  `torch._int_mm` (int32 out) and `_int_epilogue_kernel` (scales, bias, cast).
+- above (prefill, large batches): `_quantize_rows_kernel` writes x_q and its scales, then
+  "cublas": fp8 through `torch._scaled_mm` (row-wise scales: s_x per row, s_w per column, bf16 out), int8 through
+  `torch._int_mm` (int32 out) and `_int_epilogue_kernel` (scales, bias, cast); or
+  "gemm": `_w8a8_gemm_kernel`, an 8-bit tensor-core GEMM with the scales and bias in its epilogue (the int32
+  products never go to memory).
 Shapes the cuBLAS paths do not take (K or N not a multiple of 16, an fp16 or fp32 x for fp8) go through the
 row walk at any number of rows.
 """
