@@ -207,7 +207,8 @@ def create_app(async_engine: AsyncEngine, model_name: str | Sequence[str], api_k
         async_engine.start()
         stats_task = None
         if frontend.log_stats_interval:
-            stats_task = asyncio.ensure_future(log_stats_forever(async_engine.engine, frontend.log_stats_interval))
+            stats_task = asyncio.ensure_future(log_stats_forever(
+                lambda: [(m.keys[0], m.async_engine.engine) for m in models.models], frontend.log_stats_interval))
         yield
         if stats_task is not None:
             stats_task.cancel()

@@ -52,15 +52,26 @@ def stats_line(before: _Counts, after: _Counts, stats) -> str:
             f"Prefix cache hit rate: {100 * hits / queries if queries else 0.0:.1f}%")
 
 
-async def log_stats_forever(engine, interval: float) -> None:
-    """A stats line every `interval` seconds while there is work or there was some since the last line."""
-    before = _counts(engine.stats(), time.monotonic())
+async def log_stats_forever(served, interval: float) -> None:
+    """A stats line per served model every `interval` seconds while it has work or had some since its last line.
+    served: () -> [(name, engine)], asked each time (models load, unload and swap at run time); with more than
+    one model, each line starts with its model's name."""
+    before: dict[int, tuple] = {}  # id(engine) -> (engine, _Counts of its last line or of when it was first seen)
     while True:
+        for _, engine in served():
+            before.setdefault(id(engine), (engine, _counts(engine.stats(), time.monotonic())))
         await asyncio.sleep(interval)
-        stats = engine.stats()
-        after = _counts(stats, time.monotonic())
-        busy = (stats.num_running or stats.num_waiting or after.prompt_tokens != before.prompt_tokens
-                or after.generation_tokens != before.generation_tokens)
-        if busy:
-            logger.info("%s", stats_line(before, after, stats))
-        before = after
+        now = served()
+        for name, engine in now:
+            stats = engine.stats()
+            after = _counts(stats, time.monotonic())
+            prev = before.get(id(engine), (None, None))[1]
+            busy = prev is not None and (stats.num_running or stats.num_waiting
+                                         or after.prompt_tokens != prev.prompt_tokens
+                                         or after.generation_tokens != prev.generation_tokens)
+            if busy:
+                logger.info("%s%s", f"{name}: " if len(now) > 1 else "", stats_line(prev, after, stats))
+            before[id(engine)] = (engine, after)
+        live = {id(engine) for _, engine in now}
+        for key in [k for k in before if k not in live]:  # unloaded: forget it (and let it go)
+            del before[key]
