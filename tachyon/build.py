@@ -13,7 +13,7 @@ import time
 
 import torch
 
-from tachyon.config import EngineConfig, num_kv_blocks_for_budget
+from tachyon.config import EngineConfig, SpeculativeConfig, num_kv_blocks_for_budget
 from tachyon.engine.engine import LLMEngine
 from tachyon.engine.ngram_proposer import NgramProposer
 from tachyon.engine.tokenizer import load_tokenizer
@@ -27,17 +27,22 @@ logger = logging.getLogger("tachyon")
 
 def build_engine(args: EngineArgs) -> LLMEngine:
     t0 = time.perf_counter()
-    config, runner, num_blocks, num_cpu_blocks = build_runner(args)
+    draft = load_draft(args)
+    config, runner, num_blocks, num_cpu_blocks = build_runner(args, draft=draft)
     tokenizer = front_end_tokenizer(args)
-    engine = LLMEngine(config, tokenizer, runner, num_blocks, num_cpu_blocks, build_proposer(args, config, num_blocks))
+    engine = LLMEngine(config, tokenizer, runner, num_blocks, num_cpu_blocks,
+                       build_proposer(args, config, num_blocks, draft))
     engine.startup_time_s = time.perf_counter() - t0
     logger.info("engine ready in %.1fs: %d KV blocks of %d tokens", engine.startup_time_s, num_blocks,
                 args.block_size)
     return engine
 
 
-def build_runner(args: EngineArgs, group: tuple | None = None) -> tuple[EngineConfig, ModelRunner, int, int]:
+def build_runner(args: EngineArgs, group: tuple | None = None, draft: ModelRunner | None = None
+                 ) -> tuple[EngineConfig, ModelRunner, int, int]:
     """The config, a ready runner (weights, KV pool, swap space, graphs), and its (device, CPU) block counts.
+    draft: a draft model's runner (weights loaded, no KV yet, see load_draft) whose paged KV shares the pool's
+    budget: the block count is what both pools together fit.
 
     With tensor_parallel_size > 1 this process joins the group (tachyon.distributed; `group` is the joined
     (TensorParallel, Workers) of a spawned rank): rank 0's runner is returned, the other ranks serve its steps
@@ -51,15 +56,12 @@ def build_runner(args: EngineArgs, group: tuple | None = None) -> tuple[EngineCo
 
         for rank in range(args.tensor_parallel_size):  # a size the model cannot split fails before any process starts
             plan_shards(config.model, rank, args.tensor_parallel_size)
-        if args.speculative_config is not None and config.speculative.method == "draft_model":
-            raise ValueError("a draft model with tensor_parallel_size > 1 is not supported: use the ngram method, "
-                             "or tensor_parallel_size=1")
         tp, workers = group if group is not None else join_group(args)
         if config.device.type == "cuda":
             config = dataclasses.replace(config, device=torch.device("cuda", tp.local_rank))
     bare_config = path.endswith(".json")  # a bare config.json: random weights
     runner = ModelRunner(config, None if args.load_format == "dummy" and bare_config else path, args.load_format, tp)
-    blocks = prepare_runner(config, runner)
+    blocks = prepare_runner(config, runner, draft.kv_bytes_per_block() if draft is not None else 0)
     if tp is not None and not tp.is_driver:
         try:
             runner.serve_steps()
@@ -74,9 +76,27 @@ def build_runner(args: EngineArgs, group: tuple | None = None) -> tuple[EngineCo
     return (config, runner, *blocks)
 
 
-def build_proposer(args: EngineArgs, config: EngineConfig, num_blocks: int) -> Proposer | None:
-    """Speculative decoding's proposer, if configured: n-gram lookup, or a draft model whose paged KV has the
-    target's block count and block size (the same block tables address both)."""
+def load_draft(args: EngineArgs) -> ModelRunner | None:
+    """Speculative decoding's draft model, if configured: its runner with the weights loaded and no KV pool yet.
+    Loaded before the target sizes its pool, so a GPU's free memory is measured with both models in it."""
+    spec = SpeculativeConfig.parse(args.speculative_config)
+    if spec is None or spec.method != "draft_model":
+        return None
+    if args.tensor_parallel_size > 1:
+        raise ValueError("a draft model with tensor_parallel_size > 1 is not supported: use the ngram method, "
+                         "or tensor_parallel_size=1")
+    draft_args = dataclasses.replace(args, model=spec.model, speculative_config=None, num_kv_blocks=None,
+                                     swap_space=0, num_scheduler_steps=1, tokenizer=None)
+    path = model_path(draft_args)
+    config = draft_args.create_engine_config(load_config(path), draft_args.resolve_device())
+    return ModelRunner(config, None if draft_args.load_format == "dummy" and path.endswith(".json") else path,
+                       draft_args.load_format)
+
+
+def build_proposer(args: EngineArgs, config: EngineConfig, num_blocks: int,
+                   draft: ModelRunner | None = None) -> Proposer | None:
+    """Speculative decoding's proposer, if configured: n-gram lookup, or the draft model (load_draft's runner), its
+    paged KV given the target's block count and block size (the same block tables address both)."""
     spec = config.speculative
     if spec is None:
         return None
@@ -84,13 +104,13 @@ def build_proposer(args: EngineArgs, config: EngineConfig, num_blocks: int) -> P
         return NgramProposer(spec.prompt_lookup_min, spec.prompt_lookup_max)
     from tachyon.worker.draft_proposer import DraftProposer
 
-    draft_args = dataclasses.replace(args, model=spec.model, speculative_config=None, num_kv_blocks=num_blocks,
-                                     swap_space=0, num_scheduler_steps=1, tokenizer=None)
-    draft_config, draft_runner, _, _ = build_runner(draft_args)
-    if draft_config.model.vocab_size > config.model.vocab_size:
-        raise ValueError(f"the draft model {spec.model} has a vocabulary of {draft_config.model.vocab_size} tokens, "
+    if draft.model.cfg.vocab_size > config.model.vocab_size:
+        raise ValueError(f"the draft model {spec.model} has a vocabulary of {draft.model.cfg.vocab_size} tokens, "
                          f"the target {config.model.vocab_size}: a draft needs the target's tokenizer")
-    return DraftProposer(draft_runner)
+    draft.allocate_kv_cache(num_blocks)
+    draft.allocate_swap_space(0)
+    draft.warm_up()
+    return DraftProposer(draft)
 
 
 def front_end_tokenizer(args: EngineArgs):
@@ -101,9 +121,10 @@ def front_end_tokenizer(args: EngineArgs):
     return load_tokenizer(None if path.endswith(".json") else path, args.trust_remote_code)
 
 
-def prepare_runner(config: EngineConfig, runner: ModelRunner) -> tuple[int, int]:
-    """Size and allocate the KV pool and the CPU swap space, warm up (CUDA graphs); (device, CPU) blocks."""
-    num_blocks = runner.agree_num_blocks(num_kv_blocks(config, runner))
+def prepare_runner(config: EngineConfig, runner: ModelRunner, shared_bytes_per_block: int = 0) -> tuple[int, int]:
+    """Size and allocate the KV pool and the CPU swap space, warm up (CUDA graphs); (device, CPU) blocks.
+    shared_bytes_per_block: what each block also costs elsewhere (a draft model's KV), out of the same budget."""
+    num_blocks = runner.agree_num_blocks(num_kv_blocks(config, runner, shared_bytes_per_block))
     runner.allocate_kv_cache(num_blocks)
     num_cpu_blocks = min(int(config.cache.swap_space_gib * (1 << 30) // runner.kv_bytes_per_block()), 1 << 20)
     runner.allocate_swap_space(num_cpu_blocks)
@@ -118,11 +139,13 @@ def build_core(args: EngineArgs):
     from tachyon.engine.structured_output import GrammarCompiler
 
     t0 = time.perf_counter()
-    config, runner, num_blocks, num_cpu_blocks = build_runner(args)
+    draft = load_draft(args)
+    config, runner, num_blocks, num_cpu_blocks = build_runner(args, draft=draft)
     # the tokenizer (for xgrammar's vocabulary) loads when the first constrained request arrives
     grammars = GrammarCompiler(None, config.model.vocab_size, config.model.eos_token_ids,
                                load_tokenizer=lambda: front_end_tokenizer(args))
-    core = EngineCore(config, runner, num_blocks, num_cpu_blocks, build_proposer(args, config, num_blocks), grammars)
+    core = EngineCore(config, runner, num_blocks, num_cpu_blocks, build_proposer(args, config, num_blocks, draft),
+                      grammars)
     info = {"config": config, "num_kv_blocks": core.kv.num_blocks, "startup_time_s": time.perf_counter() - t0,
             "timings": dict(runner.timings), "worker_pids": runner.workers.pids if runner.workers else []}
     logger.info("engine core ready in %.1fs: %d KV blocks of %d tokens", info["startup_time_s"], num_blocks,
@@ -149,15 +172,18 @@ def model_path(args: EngineArgs) -> str:
     return path
 
 
-def num_kv_blocks(config: EngineConfig, runner: ModelRunner) -> int:
-    """The KV pool's size: as given, else measured on a GPU, else from the CPU byte budget."""
+def num_kv_blocks(config: EngineConfig, runner: ModelRunner, shared_bytes_per_block: int = 0) -> int:
+    """The KV pool's size: as given, else measured on a GPU, else from the CPU byte budget; with a draft model
+    (shared_bytes_per_block, its KV per block) the blocks both pools together fit in that memory."""
     if config.cache.num_kv_blocks:
         return config.cache.num_kv_blocks
+    own = runner.kv_bytes_per_block()
     if config.device.type == "cuda":
-        return runner.profile_num_blocks()
+        return runner.profile_num_blocks() * own // (own + shared_bytes_per_block)
     # runner.model.cfg: this rank's heads under tensor parallelism (the budget is each rank's)
-    return num_kv_blocks_for_budget(runner.model.cfg, config.cache.dtype, config.cache.block_size,
-                                    config.cache.kv_cache_bytes)
+    blocks = num_kv_blocks_for_budget(runner.model.cfg, config.cache.dtype, config.cache.block_size,
+                                      config.cache.kv_cache_bytes)
+    return blocks * own // (own + shared_bytes_per_block)
 
 
 def default_sampling_values(args: EngineArgs) -> dict:

@@ -156,3 +156,25 @@ def test_embedded_model_copy_prompt_identical_with_prompt_lookup(llm):
     per_pos = [reg.get_sample_value("tachyon:spec_decode_num_accepted_tokens_per_pos_total", {**m, "position": str(i)})
                for i in range(4)]
     assert per_pos == list(st.spec_accepted_per_pos) and sum(per_pos) == st.spec_num_accepted_tokens
+
+
+def test_draft_kv_shares_the_pool_budget(tiny):
+    """A draft model's paged KV comes out of the same budget as the target's (as vLLM sizes one pool for both):
+    target and draft blocks together fit --kv-cache-memory-gib, the draft has the target's block count, and a
+    pool sized without a draft holds more blocks."""
+    path, _, draft = tiny
+    budget_gib = 0.002
+    spec = {"method": "draft_model", "model": draft, "num_speculative_tokens": 2}
+    llm = _tiny_llm(path, spec, num_kv_blocks=None, kv_cache_memory_gib=budget_gib)
+    runner, drafter = llm.engine.runner, llm.engine.scheduler.proposer.runner
+    blocks = runner.num_blocks  # (the engine's block manager keeps one of them aside)
+    assert drafter.num_blocks == blocks
+    per_block = runner.kv_bytes_per_block() + drafter.kv_bytes_per_block()
+    assert blocks * per_block <= budget_gib * (1 << 30) < (blocks + 1) * per_block
+    plain = _tiny_llm(path, None, num_kv_blocks=None, kv_cache_memory_gib=budget_gib)
+    assert plain.engine.runner.num_blocks > blocks
+    prompt, greedy = [{"prompt_token_ids": [5, 9, 13, 17, 21, 5, 9]}], SamplingParams(temperature=0, max_tokens=6,
+                                                                                        ignore_eos=True)
+    assert (llm.generate(prompt, greedy)[0].outputs[0].token_ids
+            == plain.generate(prompt, greedy)[0].outputs[0].token_ids)
+    _assert_no_leaks(llm)
