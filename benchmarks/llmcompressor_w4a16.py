@@ -187,20 +187,24 @@ def versions(tachyon: str) -> dict:
     return {**{n: importlib.metadata.version(n) for n in names}, "tachyon_venv": {"torch": t, "transformers": tr}}
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def add_run_args(p: argparse.ArgumentParser, out_name: str, recipes: tuple[str, ...]) -> None:
+    """The flags both llm-compressor interop benchmarks take."""
     p.add_argument("--tachyon", default="tachyon", help="the `tachyon` executable of Tachyon's venv")
-    p.add_argument("--out", default=os.path.join(os.environ.get("TMPDIR", "/tmp"), "llmc_w4a16"))
-    p.add_argument("--recipes", default=",".join(RECIPES), help=f"comma-separated, of {', '.join(RECIPES)}")
+    p.add_argument("--out", default=os.path.join(os.environ.get("TMPDIR", "/tmp"), out_name))
+    p.add_argument("--recipes", default=",".join(recipes), help=f"comma-separated, of {', '.join(recipes)}")
     p.add_argument("--calib-samples", type=int, default=64, help=f"calibration windows of {CALIB_SEQ_LEN} tokens")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--json", help="write the results here")
-    args = p.parse_args(argv)
+
+
+def dense_baseline(args: argparse.Namespace, diff_format: str):
+    """Threads, the output folder, the command line as run; the dense copy of the embedded model and its
+    held-out tokens, scored by transformers and by `tachyon eval ppl` (printed). Returns
+    (command, dense_dir, tokenizer, gguf, ids, dense)."""
     torch.set_num_threads(args.threads)
     os.makedirs(args.out, exist_ok=True)
     env = [f"{k}={os.environ[k]}" for k in ("OMP_NUM_THREADS", "PYTHONPATH") if k in os.environ]
     command = shlex.join([*env, sys.executable, *sys.argv])
-
     dense_dir, tok, gguf = dense_copy(args.out)
     ids = encode(tok, heldout_text(), "held-out")[:DEFAULT_MAX_TOKENS]
     t0 = time.time()
@@ -208,44 +212,63 @@ def main(argv: list[str] | None = None) -> int:
     dense["tachyon"], dense["tachyon_command"] = tachyon_perplexity(args.tachyon, dense_dir, args.threads)
     dense["rel_diff"] = rel(dense["tachyon"]["ppl"], dense["hf"]["ppl"])
     print(f"dense: transformers {dense['hf']['ppl']:.4f}, tachyon {dense['tachyon']['ppl']:.4f} "
-          f"({dense['rel_diff']:+.3%}) [{time.time() - t0:.0f} s]", flush=True)
+          f"({dense['rel_diff']:{diff_format}}) [{time.time() - t0:.0f} s]", flush=True)
+    return command, dense_dir, tok, gguf, ids, dense
 
+
+def run_oneshot(mods: list, dense_dir: str, tok, calib_samples: int):
+    """llm-compressor's oneshot of a recipe on a fresh dense model (calibration data only where a modifier needs
+    it). Returns the model (left fake-quantized, in eval mode) and the result's first fields."""
     from llmcompressor import oneshot
+
+    t0 = time.time()
+    model = load(dense_dir)
+    calib = any(getattr(m, "requires_calibration_data", False) for m in mods)
+    data = calibration_dataset(tok, calib_samples) if calib else None
+    with no_pinning_without_accelerator():
+        oneshot(model=model, tokenizer=tok, recipe=mods, dataset=data,
+                num_calibration_samples=len(data) if calib else 0, max_seq_length=CALIB_SEQ_LEN,
+                shuffle_calibration_samples=False)
+    r = {"recipe": describe(mods), "calibration": {"windows": len(data), "seq_len": CALIB_SEQ_LEN,
+                                                   "text": "pydoc_data.topics, the topics not held out"}
+         if calib else None, "oneshot_s": round(time.time() - t0, 1)}
+    return model.eval(), r
+
+
+def score_tachyon(r: dict, args: argparse.Namespace, path: str, dense: dict, diff_format: str) -> str:
+    """`tachyon eval ppl` of the written checkpoint into r, against the fake-quantized model (bar: 1%); the
+    printed summary of it."""
+    r["tachyon"], r["tachyon_command"] = tachyon_perplexity(args.tachyon, path, args.threads)
+    r["vs_dense"] = rel(r["fake_quant"]["ppl"], dense["hf"]["ppl"])
+    if "ppl" not in r["tachyon"]:
+        r["within_1pct"] = False
+        return f"tachyon failed: {r['tachyon']['error']}"
+    r["rel_diff"] = rel(r["tachyon"]["ppl"], r["fake_quant"]["ppl"])
+    r["within_1pct"] = abs(r["rel_diff"]) <= 0.01
+    return f"tachyon {r['tachyon']['ppl']:.4f} ({r['rel_diff']:{diff_format}})"
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    add_run_args(p, "llmc_w4a16", RECIPES)
+    args = p.parse_args(argv)
+    command, dense_dir, tok, gguf, ids, dense = dense_baseline(args, "+.3%")
 
     results = {}
     for name in args.recipes.split(","):
         t0 = time.time()
-        mods = recipe(name)
-        model = load(dense_dir)
-        calib = any(getattr(m, "requires_calibration_data", False) for m in mods)
-        data = calibration_dataset(tok, args.calib_samples) if calib else None
-        with no_pinning_without_accelerator():
-            oneshot(model=model, tokenizer=tok, recipe=mods, dataset=data,
-                    num_calibration_samples=len(data) if calib else 0, max_seq_length=CALIB_SEQ_LEN,
-                    shuffle_calibration_samples=False)
-        quant_s = time.time() - t0
-        r = {"recipe": describe(mods), "calibration": {"windows": len(data), "seq_len": CALIB_SEQ_LEN,
-                                                       "text": "pydoc_data.topics, the topics not held out"}
-             if calib else None, "oneshot_s": round(quant_s, 1)}
-        r["fake_quant"] = hf_perplexity(model.eval(), ids, DEFAULT_SEQ_LEN)  # oneshot leaves the model fake-quantized
+        model, r = run_oneshot(recipe(name), dense_dir, tok, args.calib_samples)
+        r["fake_quant"] = hf_perplexity(model, ids, DEFAULT_SEQ_LEN)  # oneshot leaves the model fake-quantized
         path = os.path.join(args.out, name)
         model.save_pretrained(path, save_compressed=True)
         tok.save_pretrained(path)
         del model
         r["checkpoint_quantization_config"] = json.load(open(os.path.join(path, "config.json")))["quantization_config"]
         r["hf_decompressed"] = hf_perplexity(load_decompressed(path), ids, DEFAULT_SEQ_LEN)
-        r["tachyon"], r["tachyon_command"] = tachyon_perplexity(args.tachyon, path, args.threads)
-        r["vs_dense"] = rel(r["fake_quant"]["ppl"], dense["hf"]["ppl"])
-        if "ppl" in r["tachyon"]:
-            r["rel_diff"] = rel(r["tachyon"]["ppl"], r["fake_quant"]["ppl"])
-            r["within_1pct"] = abs(r["rel_diff"]) <= 0.01
-            got = f"tachyon {r['tachyon']['ppl']:.4f} ({r['rel_diff']:+.3%})"
-        else:
-            r["within_1pct"] = False
-            got = f"tachyon failed: {r['tachyon']['error']}"
+        got = score_tachyon(r, args, path, dense, "+.3%")
         results[name] = r
         print(f"{name}: fake-quant {r['fake_quant']['ppl']:.4f} ({r['vs_dense']:+.2%} vs dense), reloaded "
-              f"{r['hf_decompressed']['ppl']:.4f}, {got} [oneshot {quant_s:.0f} s, all {time.time() - t0:.0f} s]",
+              f"{r['hf_decompressed']['ppl']:.4f}, {got} [oneshot {r['oneshot_s']:.0f} s, all {time.time() - t0:.0f} s]",
               flush=True)
 
     report = {"issue": 14, "command": command, "versions": versions(args.tachyon), "model": gguf,
@@ -257,6 +280,7 @@ def main(argv: list[str] | None = None) -> int:
             json.dump(report, f, indent=1)
             f.write("\n")
     return 0
+
 
 if __name__ == "__main__":
     sys.exit(main())

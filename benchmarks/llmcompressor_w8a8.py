@@ -35,26 +35,22 @@ import contextlib
 import importlib
 import json
 import os
-import shlex
 import sys
 import time
 
 import torch
 from llmcompressor_w4a16 import (
-    CALIB_SEQ_LEN,
-    calibration_dataset,
-    dense_copy,
-    describe,
+    add_run_args,
+    dense_baseline,
     hf_perplexity,
-    load,
     load_decompressed,
-    no_pinning_without_accelerator,
     rel,
-    tachyon_perplexity,
+    run_oneshot,
+    score_tachyon,
     versions,
 )
 
-from tachyon.eval.ppl import DEFAULT_MAX_TOKENS, DEFAULT_SEQ_LEN, HELDOUT_DESCRIPTION, encode, heldout_text
+from tachyon.eval.ppl import DEFAULT_MAX_TOKENS, DEFAULT_SEQ_LEN, HELDOUT_DESCRIPTION
 from tachyon.kernels.quant_ref import scaled_linear_ref
 
 RECIPES = ("fp8_dynamic", "w8a8_sq_gptq", "fp8_static", "w8a8_sq_rtn")
@@ -137,46 +133,15 @@ def compare_layer0(seen: dict, path: str) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--tachyon", default="tachyon", help="the `tachyon` executable of Tachyon's venv")
-    p.add_argument("--out", default=os.path.join(os.environ.get("TMPDIR", "/tmp"), "llmc_w8a8"))
-    p.add_argument("--recipes", default=",".join(RECIPES), help=f"comma-separated, of {', '.join(RECIPES)}")
-    p.add_argument("--calib-samples", type=int, default=64, help=f"calibration windows of {CALIB_SEQ_LEN} tokens")
-    p.add_argument("--threads", type=int, default=1)
-    p.add_argument("--json", help="write the results here")
+    add_run_args(p, "llmc_w8a8", RECIPES)
     args = p.parse_args(argv)
-    torch.set_num_threads(args.threads)
-    os.makedirs(args.out, exist_ok=True)
-    env = [f"{k}={os.environ[k]}" for k in ("OMP_NUM_THREADS", "PYTHONPATH") if k in os.environ]
-    command = shlex.join([*env, sys.executable, *sys.argv])
     started = time.time()
-
-    dense_dir, tok, gguf = dense_copy(args.out)
-    ids = encode(tok, heldout_text(), "held-out")[:DEFAULT_MAX_TOKENS]
-    t0 = time.time()
-    dense = {"hf": hf_perplexity(load(dense_dir), ids, DEFAULT_SEQ_LEN)}
-    dense["tachyon"], dense["tachyon_command"] = tachyon_perplexity(args.tachyon, dense_dir, args.threads)
-    dense["rel_diff"] = rel(dense["tachyon"]["ppl"], dense["hf"]["ppl"])
-    print(f"dense: transformers {dense['hf']['ppl']:.4f}, tachyon {dense['tachyon']['ppl']:.4f} "
-          f"({dense['rel_diff']:+.2e}) [{time.time() - t0:.0f} s]", flush=True)
-
-    from llmcompressor import oneshot
+    command, dense_dir, tok, gguf, ids, dense = dense_baseline(args, "+.2e")
 
     results = {}
     for name in args.recipes.split(","):
         t0 = time.time()
-        mods = recipe(name)
-        model = load(dense_dir)
-        calib = any(getattr(m, "requires_calibration_data", False) for m in mods)
-        data = calibration_dataset(tok, args.calib_samples) if calib else None
-        with no_pinning_without_accelerator():
-            oneshot(model=model, tokenizer=tok, recipe=mods, dataset=data,
-                    num_calibration_samples=len(data) if calib else 0, max_seq_length=CALIB_SEQ_LEN,
-                    shuffle_calibration_samples=False)
-        quant_s = time.time() - t0
-        model.eval()
-        r = {"recipe": describe(mods), "calibration": {"windows": len(data), "seq_len": CALIB_SEQ_LEN,
-                                                       "text": "pydoc_data.topics, the topics not held out"}
-             if calib else None, "oneshot_s": round(quant_s, 1)}
+        model, r = run_oneshot(recipe(name), dense_dir, tok, args.calib_samples)
         r["fake_quant"] = hf_perplexity(model, ids, DEFAULT_SEQ_LEN)  # oneshot leaves the model fake-quantized
         # the noise floor: transformers' own eager attention instead of sdpa, an fp32-rounding-level change
         model.set_attn_implementation("eager")
@@ -203,23 +168,15 @@ def main(argv: list[str] | None = None) -> int:
             r["hf_decompressed"] = hf_perplexity(load_decompressed(path), ids, DEFAULT_SEQ_LEN)
         except Exception as e:  # a reload transformers cannot do on the CPU is noted, not fatal
             r["hf_decompressed"] = {"error": f"{type(e).__name__}: {e}"[:300]}
-        r["tachyon"], r["tachyon_command"] = tachyon_perplexity(args.tachyon, path, args.threads)
-        r["vs_dense"] = rel(r["fake_quant"]["ppl"], dense["hf"]["ppl"])
-        if "ppl" in r["tachyon"]:
-            r["rel_diff"] = rel(r["tachyon"]["ppl"], r["fake_quant"]["ppl"])
-            r["within_1pct"] = abs(r["rel_diff"]) <= 0.01
-            got = f"tachyon {r['tachyon']['ppl']:.4f} ({r['rel_diff']:+.2e})"
-            if int8:
-                r["rel_diff_tachyon_rule"] = rel(r["tachyon"]["ppl"], r["fake_quant_tachyon_rule"]["ppl"])
-                got += f", vs max|x|/127 fake-quant {r['rel_diff_tachyon_rule']:+.2e}"
-        else:
-            r["within_1pct"] = False
-            got = f"tachyon failed: {r['tachyon']['error']}"
+        got = score_tachyon(r, args, path, dense, "+.2e")
+        if int8 and "ppl" in r["tachyon"]:
+            r["rel_diff_tachyon_rule"] = rel(r["tachyon"]["ppl"], r["fake_quant_tachyon_rule"]["ppl"])
+            got += f", vs max|x|/127 fake-quant {r['rel_diff_tachyon_rule']:+.2e}"
         r["all_s"] = round(time.time() - t0, 1)
         results[name] = r
         reloaded = r["hf_decompressed"].get("ppl", float("nan"))
         print(f"{name}: fake-quant {r['fake_quant']['ppl']:.4f} ({r['vs_dense']:+.2%} vs dense), reloaded "
-              f"{reloaded:.4f}, {got} [oneshot {quant_s:.0f} s, all {r['all_s']:.0f} s]", flush=True)
+              f"{reloaded:.4f}, {got} [oneshot {r['oneshot_s']:.0f} s, all {r['all_s']:.0f} s]", flush=True)
         if args.json:  # after every recipe, so a run cut short keeps what it measured
             report = {"command": command, "versions": versions(args.tachyon), "model": gguf,
                       "text": HELDOUT_DESCRIPTION, "max_tokens": DEFAULT_MAX_TOKENS, "seq_len": DEFAULT_SEQ_LEN,
