@@ -248,6 +248,19 @@ def score_tachyon(r: dict, args: argparse.Namespace, path: str, dense: dict, dif
     return f"tachyon {r['tachyon']['ppl']:.4f} ({r['rel_diff']:{diff_format}})"
 
 
+def run_report(command: str, args: argparse.Namespace, gguf: str, dense: dict, **rest) -> dict:
+    """What both interop benchmarks write: the run, the scored text, the dense row, then their own fields."""
+    return {"command": command, "versions": versions(args.tachyon), "model": gguf, "text": HELDOUT_DESCRIPTION,
+            "max_tokens": DEFAULT_MAX_TOKENS, "seq_len": DEFAULT_SEQ_LEN,
+            "num_tokens_scored": dense["hf"]["num_tokens"], "threads": args.threads, **rest, "dense": dense}
+
+
+def write_json(path: str, obj: dict) -> None:
+    with open(path, "w") as f:
+        json.dump(obj, f, indent=1)
+        f.write("\n")
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     add_run_args(p, "llmc_w4a16", RECIPES)
@@ -271,14 +284,8 @@ def main(argv: list[str] | None = None) -> int:
               f"{r['hf_decompressed']['ppl']:.4f}, {got} [oneshot {r['oneshot_s']:.0f} s, all {time.time() - t0:.0f} s]",
               flush=True)
 
-    report = {"issue": 14, "command": command, "versions": versions(args.tachyon), "model": gguf,
-              "text": HELDOUT_DESCRIPTION, "max_tokens": DEFAULT_MAX_TOKENS, "seq_len": DEFAULT_SEQ_LEN,
-              "num_tokens_scored": dense["hf"]["num_tokens"], "threads": args.threads, "dense": dense,
-              "w4a16": results}
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump(report, f, indent=1)
-            f.write("\n")
+        write_json(args.json, {"issue": 14, **run_report(command, args, gguf, dense), "w4a16": results})
     return 0
 
 

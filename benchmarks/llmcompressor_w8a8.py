@@ -46,11 +46,12 @@ from llmcompressor_w4a16 import (
     load_decompressed,
     rel,
     run_oneshot,
+    run_report,
     score_tachyon,
-    versions,
+    write_json,
 )
 
-from tachyon.eval.ppl import DEFAULT_MAX_TOKENS, DEFAULT_SEQ_LEN, HELDOUT_DESCRIPTION
+from tachyon.eval.ppl import DEFAULT_SEQ_LEN
 from tachyon.kernels.quant_ref import scaled_linear_ref
 
 RECIPES = ("fp8_dynamic", "w8a8_sq_gptq", "fp8_static", "w8a8_sq_rtn")
@@ -178,13 +179,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{name}: fake-quant {r['fake_quant']['ppl']:.4f} ({r['vs_dense']:+.2%} vs dense), reloaded "
               f"{reloaded:.4f}, {got} [oneshot {r['oneshot_s']:.0f} s, all {r['all_s']:.0f} s]", flush=True)
         if args.json:  # after every recipe, so a run cut short keeps what it measured
-            report = {"command": command, "versions": versions(args.tachyon), "model": gguf,
-                      "text": HELDOUT_DESCRIPTION, "max_tokens": DEFAULT_MAX_TOKENS, "seq_len": DEFAULT_SEQ_LEN,
-                      "num_tokens_scored": dense["hf"]["num_tokens"], "threads": args.threads,
-                      "wall_s": round(time.time() - started, 1), "dense": dense, "w8a8": results}
-            with open(args.json, "w") as f:
-                json.dump(report, f, indent=1)
-                f.write("\n")
+            write_json(args.json, {**run_report(command, args, gguf, dense, wall_s=round(time.time() - started, 1)),
+                                    "w8a8": results})
     return 0
 
 
