@@ -207,7 +207,8 @@ def main() -> None:
             r.update(batch=batch, proposer=name, verify_graphs=mode, speedup_vs_plain=r["batch_decode_tok_s"] / base,
                      outputs_identical_to_plain=f"{same}/{batch}")
             result["cases"].append(r)
-            log(f"batch {batch} {name} (verify graphs {mode}): acceptance {r['acceptance_rate']:.3f}, "
+            acc = "n/a" if r["acceptance_rate"] is None else f"{r['acceptance_rate']:.3f}"
+            log(f"batch {batch} {name} (verify graphs {mode}): acceptance {acc}, "
                 f"{r['batch_decode_tok_s']:.1f} tok/s decode (x{r['speedup_vs_plain']:.2f}), identical {same}/{batch}")
         with open(args.out, "w") as f:
             json.dump(result, f, indent=1)

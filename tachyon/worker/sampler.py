@@ -30,8 +30,12 @@ def to_device(data, device: torch.device, dtype: torch.dtype | None = None) -> t
     memory and copied asynchronously. (`torch.tensor(data, device="cuda")` synchronizes the stream, so the host
     would wait for every kernel queued before it: the forward a sampling step follows.)"""
     if device.type != "cuda":
-        return torch.tensor(data, dtype=dtype, device=device)
-    return torch.tensor(data, dtype=dtype, pin_memory=True).to(device, non_blocking=True)
+        return torch.as_tensor(data, dtype=dtype, device=device)
+    if isinstance(data, list | tuple):
+        staged = torch.tensor(data, dtype=dtype, pin_memory=True)
+    else:  # a numpy array or a host tensor (torch cannot pin a tensor made from numpy in place)
+        staged = torch.as_tensor(data, dtype=dtype).pin_memory()
+    return staged.to(device, non_blocking=True)
 
 
 def apply_token_bitmask(logits: torch.Tensor, rows: torch.Tensor, bitmask: torch.Tensor) -> torch.Tensor:
@@ -93,7 +97,7 @@ class DeviceSample:
                     continue
                 d = {token_list[i]: chosen[i]}
                 if n > 0:
-                    for tid, v in zip(top_ids[i][:n], top_vals[i][:n]):
+                    for tid, v in zip(top_ids[i][:n], top_vals[i][:n], strict=True):
                         d.setdefault(tid, v)
                 out_lp[i] = d
                 sampled_lp[i] = chosen[i]

@@ -39,7 +39,7 @@ def test_sampling_and_verification_do_not_synchronize():
     torch.cuda.set_sync_debug_mode("error")
     try:
         tokens = sampler.sample_tokens(logits, reqs)
-        out = sampler.sample(logits, [_req(SamplingParams(temperature=0.5, logprobs=3))] * 2)
+        out = sampler.sample(logits[:2], [_req(SamplingParams(temperature=0.5, logprobs=3))] * 2)
         vt, accepted = verify(sampler, rows, reqs, drafts, [3] * len(reqs))
     finally:
         torch.cuda.set_sync_debug_mode("default")
