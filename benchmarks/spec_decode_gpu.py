@@ -89,11 +89,13 @@ class RandomProposer:
         return [[self.rng.randrange(self.vocab) for _ in range(k)] for k in max_tokens]
 
 
-def set_proposer(llm: LLM, proposer, k: int) -> None:
-    """Switch the engine's proposer (None: plain decoding). The scheduler reads it every step."""
+def set_proposer(llm: LLM, proposer, k: int, backoff_max_steps: int = 0) -> None:
+    """Switch the engine's proposer (None: plain decoding) and its back-off (0: verify every step, the
+    machinery's own cost). The scheduler reads them every step."""
     sched = llm.engine.scheduler
     sched.proposer = proposer
     sched.num_speculative_tokens = k if proposer is not None else 0
+    sched.backoff_max_steps = backoff_max_steps
     if len(sched.spec_accepted_per_pos) < k:
         sched.spec_accepted_per_pos += [0] * (k - len(sched.spec_accepted_per_pos))
 
@@ -165,6 +167,9 @@ def main() -> None:
     ap.add_argument("--verify-graphs", choices=("on", "off", "both"), default="on",
                     help="verification steps as whole-step CUDA graphs (on), or piecewise graphs / eager (off), or "
                     "each case both ways (an A/B on the same engine)")
+    ap.add_argument("--backoff", default="0", help="backoff_max_steps values to run each case with (0: verify "
+                    "every step, the machinery's own cost; 32: the default, sequences whose proposals keep being "
+                    "rejected decode plainly in between); fidelity 1 runs with the first only (nothing is rejected)")
     args = ap.parse_args()
     k = args.k
     spec = ({"method": "draft_model", "model": args.draft, "num_speculative_tokens": k} if args.draft
@@ -199,16 +204,20 @@ def main() -> None:
             cases = [(name + " + draft forwards", PaidReplay(draft, prop)) for name, prop in cases]
         cases.append(("random", RandomProposer(vocab)))
         modes = ("on", "off") if args.verify_graphs == "both" else (args.verify_graphs,)
-        for (name, prop), mode in [(c, m) for c in cases for m in modes]:
-            set_proposer(llm, prop, k)
+        backoffs = [int(b) for b in args.backoff.split(",")]
+        for (name, prop), mode, backoff in [(c, m, b) for c in cases for m in modes for b in backoffs]:
+            if "fidelity=1 " in name + " " and backoff != backoffs[0]:
+                continue
+            set_proposer(llm, prop, k, backoff)
             llm.engine.runner.verify_graphs = verify_graphs if mode == "on" else None
             r = run(llm, prompts, args.output_len)
             same = sum(a == b for a, b in zip(r.pop("tokens"), plain["tokens"], strict=True))
-            r.update(batch=batch, proposer=name, verify_graphs=mode, speedup_vs_plain=r["batch_decode_tok_s"] / base,
+            r.update(batch=batch, proposer=name, verify_graphs=mode, backoff_max_steps=backoff,
+                     speedup_vs_plain=r["batch_decode_tok_s"] / base,
                      outputs_identical_to_plain=f"{same}/{batch}")
             result["cases"].append(r)
             acc = "n/a" if r["acceptance_rate"] is None else f"{r['acceptance_rate']:.3f}"
-            log(f"batch {batch} {name} (verify graphs {mode}): acceptance {acc}, "
+            log(f"batch {batch} {name} (verify graphs {mode}, backoff {backoff}): acceptance {acc}, "
                 f"{r['batch_decode_tok_s']:.1f} tok/s decode (x{r['speedup_vs_plain']:.2f}), identical {same}/{batch}")
         with open(args.out, "w") as f:
             json.dump(result, f, indent=1)

@@ -290,6 +290,7 @@ class SchedulerConfig:
 
 SPECULATIVE_METHODS = ("ngram", "draft_model")
 _PROMPT_LOOKUP_MIN, _PROMPT_LOOKUP_MAX = 2, 4  # n-gram lengths when not given
+DEFAULT_SPEC_BACKOFF_MAX_STEPS = 32  # a proposer that is never right costs one verification per ~33 steps
 
 
 @dataclass(slots=True, frozen=True)
@@ -300,6 +301,12 @@ class SpeculativeConfig:
     method "ngram": prompt lookup on the host; the longest suffix of the sequence's tokens (at most
     `prompt_lookup_max`, at least `prompt_lookup_min` tokens) found earlier in it proposes what followed there.
     method "draft_model": `model`, a smaller model with the same tokenizer, proposes greedily with its own paged KV.
+
+    When speculation does not pay it steps aside: a step with `disable_by_batch_size` or more running sequences
+    verifies nothing (vLLM's key: at large batches the verification's extra tokens cost compute that decoding has
+    not got to spare); a sequence whose proposals keep being rejected (none accepted, or nothing proposed) decodes
+    plainly for 1, 2, 4, .. up to `backoff_max_steps` steps before it speculates again (plain decode steps run
+    ahead of the host in CUDA graphs; a verification waits for its tokens). `backoff_max_steps` 0: always speculate.
     """
 
     method: str
@@ -307,6 +314,8 @@ class SpeculativeConfig:
     prompt_lookup_max: int = _PROMPT_LOOKUP_MAX
     prompt_lookup_min: int = _PROMPT_LOOKUP_MIN
     model: str | None = None
+    disable_by_batch_size: int | None = None
+    backoff_max_steps: int = DEFAULT_SPEC_BACKOFF_MAX_STEPS
 
     @classmethod
     def parse(cls, value: str | dict | SpeculativeConfig | None) -> SpeculativeConfig | None:
@@ -323,7 +332,8 @@ class SpeculativeConfig:
                                  f"'{{\"method\": \"ngram\", \"num_speculative_tokens\": 4}}'") from None
         if not isinstance(value, dict):
             raise ValueError(f"speculative_config must be a JSON object, not {type(value).__name__}")
-        known = {"method", "num_speculative_tokens", "prompt_lookup_max", "prompt_lookup_min", "model"}
+        known = {"method", "num_speculative_tokens", "prompt_lookup_max", "prompt_lookup_min", "model",
+                 "disable_by_batch_size", "backoff_max_steps"}
         unknown = set(value) - known
         if unknown:
             raise ValueError(f"speculative_config has unknown keys {sorted(unknown)}; known: {sorted(known)}")
@@ -349,7 +359,15 @@ class SpeculativeConfig:
                              '(same tokenizer as the target)')
         if method == "ngram" and model:
             raise ValueError('speculative_config method "ngram" takes no "model"; use "draft_model" for a draft')
-        return cls(method, k, hi, lo, model)
+        by_batch = value.get("disable_by_batch_size")
+        if by_batch is not None and (not isinstance(by_batch, int) or isinstance(by_batch, bool) or by_batch < 1):
+            raise ValueError(f"speculative_config disable_by_batch_size={by_batch!r}: give an integer >= 1 (steps "
+                             f"with that many running sequences or more do not speculate), or leave it out")
+        backoff = value.get("backoff_max_steps", DEFAULT_SPEC_BACKOFF_MAX_STEPS)
+        if not isinstance(backoff, int) or isinstance(backoff, bool) or backoff < 0:
+            raise ValueError(f"speculative_config backoff_max_steps={backoff!r}: give an integer >= 0 (0: a "
+                             f"sequence speculates every step however often its proposals are rejected)")
+        return cls(method, k, hi, lo, model, by_batch, backoff)
 
 
 @dataclass(slots=True)

@@ -22,7 +22,10 @@ the forward ends when the host keeps up). It keeps one step ahead, no more (its 
 before to land).
 
 Speculative decoding (a `Proposer` given): a decoding sequence whose tokens are all on the host gets up to k
-proposed tokens after its last one, inside the same budget, and the step verifies them. Its update appends the
+proposed tokens after its last one, inside the same budget, and the step verifies them (not in a step with
+`disable_by_batch_size` running sequences or more, and not while the sequence backs off: after j verifications
+in a row that accepted nothing, or found nothing to propose, it decodes plainly for min(2^(j-1), backoff_max_steps)
+steps, which run ahead in CUDA graphs). Its update appends the
 accepted proposals and the runner's own token one at a time (each may stop it), and rolls the rejected
 positions back: `num_computed_tokens` drops by their number and the KV-cache manager takes back the blocks
 only they used.
@@ -59,11 +62,14 @@ def may_speculate(seq: Sequence) -> bool:
 
 class Scheduler:
     def __init__(self, config: SchedulerConfig, kv: KVCacheManager, proposer: Proposer | None = None,
-                 num_speculative_tokens: int = 0):
+                 num_speculative_tokens: int = 0, backoff_max_steps: int = 0,
+                 disable_by_batch_size: int | None = None):
         self.config = config
         self.kv = kv
         self.proposer = proposer
         self.num_speculative_tokens = num_speculative_tokens if proposer is not None else 0
+        self.backoff_max_steps = backoff_max_steps
+        self.disable_by_batch_size = disable_by_batch_size
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.num_preemptions = 0
@@ -91,6 +97,8 @@ class Scheduler:
         history = verify = False
         max_len = self.config.max_model_len
         late: list[tuple[ScheduledSeq, int]] = []  # speculating sequences a proposer that writes KV serves last
+        speculate = bool(self.num_speculative_tokens) and (self.disable_by_batch_size is None
+                                                           or len(self.running) < self.disable_by_batch_size)
         i = 0
         while i < len(self.running) and budget > 0:
             seq = self.running[i]
@@ -99,11 +107,10 @@ class Scheduler:
                 continue
             n = min(seq.num_tokens - seq.num_computed_tokens, budget)
             sample = seq.num_computed_tokens + n == seq.num_tokens
-            k = self._spec_cap(seq, budget) if seq.num_tokens - seq.num_computed_tokens == 1 else 0
+            k = self._spec_cap(seq, budget) if speculate and seq.num_tokens - seq.num_computed_tokens == 1 else 0
             if k:
                 if seq.num_pending_tokens:
                     return SchedulerOutput(sync=True)
-                verify = True
             elif reads_history(seq):
                 history = True
                 if seq.num_pending_tokens:  # its token of the step in flight: known to the host before sampling
@@ -111,6 +118,9 @@ class Scheduler:
             drafts = []
             if k and not self.proposer.needs_slots:  # proposals first, so only the tokens proposed get blocks
                 drafts = self.proposer.propose([seq], [k])[0][:k]
+                if not drafts:  # nothing to verify: a plain decode, which may run ahead
+                    self._spec_outcome(seq, 0)
+            verify |= bool(drafts) or bool(k and self.proposer.needs_slots)
             n += k if k and self.proposer.needs_slots else len(drafts)
             while not self.kv.allocate(seq, n):
                 if num_in_flight:
@@ -142,11 +152,24 @@ class Scheduler:
 
     def _spec_cap(self, seq: Sequence, budget: int) -> int:
         """How many proposals a decode of seq may verify: k, within its max_tokens, the context and the budget
-        (the step gives it at most 1 + k tokens: the accepted proposals and the target's own)."""
+        (the step gives it at most 1 + k tokens: the accepted proposals and the target's own); 0 while it backs
+        off (this decode counts down its back-off)."""
         if not self.num_speculative_tokens or not may_speculate(seq):
+            return 0
+        if seq.spec_skip:
+            seq.spec_skip -= 1
             return 0
         room = min(seq.num_remaining_tokens, self.config.max_model_len - seq.num_tokens, budget) - 1
         return max(0, min(self.num_speculative_tokens, room))
+
+    def _spec_outcome(self, seq: Sequence, accepted: int) -> None:
+        """After a verification (or a proposer that found nothing: accepted 0): none accepted j times in a row
+        backs the sequence off for min(2^(j-1), backoff_max_steps) decodes; one accepted ends the back-off."""
+        if accepted:
+            seq.spec_fails = 0
+        elif self.backoff_max_steps:
+            seq.spec_fails += 1
+            seq.spec_skip = min(1 << min(seq.spec_fails - 1, 30), self.backoff_max_steps)
 
     def _propose_late(self, late: list[tuple[ScheduledSeq, int]]) -> int:
         """A proposer that writes KV (a draft model) proposes for the step's speculating sequences in one call,
@@ -157,6 +180,8 @@ class Scheduler:
         unused = 0
         for (s, k), d in zip(late, drafts, strict=True):
             s.spec_token_ids = list(d[:k])
+            if not s.spec_token_ids:
+                self._spec_outcome(s.seq, 0)
             unused += k - len(s.spec_token_ids)
             s.num_new_tokens = 1 + len(s.spec_token_ids)
             self.kv.shrink(s.seq, s.start + s.num_new_tokens)
@@ -275,6 +300,7 @@ class Scheduler:
             self.spec_num_accepted_tokens += accepted
             for pos in range(accepted):
                 self.spec_accepted_per_pos[pos] += 1
+            self._spec_outcome(seq, accepted)
             tokens = s.spec_token_ids[:accepted] + tokens
             seq.num_computed_tokens -= k - accepted
             self.kv.shrink(seq, seq.num_computed_tokens)

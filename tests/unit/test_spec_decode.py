@@ -119,10 +119,10 @@ def _seq(sid: str, n_prompt: int, max_tokens: int = 16, **sp) -> Sequence:
                     eos_token_ids=frozenset({2}), metrics=RequestMetrics(arrival_time=0.0))
 
 
-def _sched(proposer, k=3, budget=32, blocks=20, block_size=4) -> Scheduler:
+def _sched(proposer, k=3, budget=32, blocks=20, block_size=4, **spec) -> Scheduler:
     kv = KVCacheManager(blocks, block_size, enable_prefix_caching=False)
     return Scheduler(SchedulerConfig(max_num_batched_tokens=budget, max_num_seqs=8, max_model_len=64,
-                                     num_scheduler_steps=3), kv, proposer, k)
+                                     num_scheduler_steps=3), kv, proposer, k, **spec)
 
 
 def _split(out) -> list[tuple]:
@@ -202,6 +202,80 @@ def test_speculating_sequence_with_a_token_in_flight_asks_for_sync():
     assert s.schedule(num_in_flight=1).sync  # its proposals must follow a token the host does not have yet
 
 
+def _decode_kinds(s, a, steps: int, accepted: int) -> list[str]:
+    """Schedules and lands `steps` decodes of a one at a time: "v" a verification (landed with `accepted`), "p" a
+    plain decode (with how many steps it lets run ahead)."""
+    kinds = []
+    for _ in range(steps):
+        out = s.schedule()
+        (sched,) = out.seqs
+        if sched.spec_token_ids:
+            kinds.append("v")
+            assert out.max_in_flight == 0  # a verification waits for its tokens
+        else:
+            kinds.append("p")
+            assert out.max_in_flight == 2  # a plain decode runs ahead (num_scheduler_steps 3)
+        _land(s, out, {"a": 60}, {"a": accepted} if sched.spec_token_ids else {})
+    return kinds
+
+
+def test_rejected_proposals_back_off_exponentially_and_an_accepted_one_ends_it():
+    prop = _FixedProposer({"a": [7, 8]})
+    s = _sched(prop, k=2, budget=8, blocks=40, backoff_max_steps=4)
+    a = _seq("a", 4, max_tokens=40)
+    s.add(a)
+    _land(s, s.schedule(), {"a": 50}, {})
+    # none accepted j times in a row: 1, 2, 4, then 4 (the cap) plain decodes before the next verification
+    assert "".join(_decode_kinds(s, a, 16, accepted=0)) == "vpvppvppppvppppv"
+    assert (a.spec_fails, a.spec_skip) == (5, 4)
+    assert (s.spec_num_drafts, s.spec_num_draft_tokens, s.spec_num_accepted_tokens) == (5, 10, 0)
+    _decode_kinds(s, a, 4, accepted=0)  # the back-off's 4 plain decodes
+    assert _decode_kinds(s, a, 3, accepted=1) == ["v", "v", "v"]  # one accepted: it speculates every step again
+    assert (a.spec_fails, a.spec_skip) == (0, 0)
+    s.kv.check_integrity([a])
+
+
+def test_nothing_to_propose_backs_off_too_and_backoff_0_always_speculates():
+    s = _sched(_FixedProposer({}), k=2, budget=8, blocks=40, backoff_max_steps=8)
+    a = _seq("a", 4, max_tokens=40)
+    s.add(a)
+    _land(s, s.schedule(), {"a": 50}, {})
+    out = s.schedule()  # the proposer finds nothing: a plain decode (it waited for the host to look)
+    assert _split(out) == [("a", 4, 1, True, [])] and out.max_in_flight == 2 and a.spec_skip == 1
+    _land(s, out, {"a": 60}, {})
+    assert _decode_kinds(s, a, 4, accepted=0) == ["p"] * 4  # the skip, an empty try, 2 skips
+    assert a.spec_fails == 2 and len(s.proposer.calls) == 2
+    s2 = _sched(_FixedProposer({"b": [7, 8]}), k=2, budget=8, blocks=40, backoff_max_steps=0)
+    b = _seq("b", 4, max_tokens=40)
+    s2.add(b)
+    _land(s2, s2.schedule(), {"b": 50}, {})
+    for _ in range(6):
+        out = s2.schedule()
+        assert out.seqs[0].spec_token_ids == [7, 8]
+        _land(s2, out, {"b": 60}, {"b": 0})
+    assert b.spec_skip == 0
+
+
+def test_disable_by_batch_size_turns_speculation_off_for_large_steps():
+    prop = _FixedProposer({"a": [7], "b": [7], "c": [7]})
+    s = _sched(prop, k=1, budget=32, blocks=40, disable_by_batch_size=3)
+    seqs = [_seq(x, 4) for x in "ab"]
+    for q in seqs:
+        s.add(q)
+    _land(s, s.schedule(), {"a": 50, "b": 51}, {})
+    out = s.schedule()  # 2 running: they speculate
+    assert [x.spec_token_ids for x in out.seqs] == [[7], [7]]
+    _land(s, out, {"a": 60, "b": 61}, {"a": 1, "b": 1})
+    c = _seq("c", 4)
+    s.add(c)
+    out = s.schedule()  # c is admitted in this step: 2 running when it began
+    _land(s, out, {"a": 62, "b": 63, "c": 52}, {"a": 1, "b": 1})
+    out = s.schedule()  # 3 running: nobody speculates, and the step may run ahead
+    assert [x.spec_token_ids for x in out.seqs] == [[], [], []] and out.max_in_flight == 2 and prop.calls[-1] != [
+        ("c", 1)]
+    s.kv.check_integrity(seqs + [c])
+
+
 @pytest.mark.parametrize("value, message", [
     ('{"method": "eagle", "num_speculative_tokens": 2}', "method 'eagle' is not supported"),
     ('{"method": "ngram"}', "num_speculative_tokens=None"),
@@ -210,6 +284,9 @@ def test_speculating_sequence_with_a_token_in_flight_asks_for_sync():
     ('{"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_min": 3, "prompt_lookup_max": 2}',
      "1 <= min <= max"),
     ("{method: ngram}", "is not JSON"),
+    ('{"method": "ngram", "num_speculative_tokens": 2, "disable_by_batch_size": 0}', "disable_by_batch_size=0"),
+    ('{"method": "ngram", "num_speculative_tokens": 2, "backoff_max_steps": -1}', "backoff_max_steps=-1"),
+    ('{"method": "ngram", "num_speculative_tokens": 2, "backoff_max_steps": true}', "backoff_max_steps=True"),
 ])
 def test_speculative_config_errors_say_what_to_change(value, message):
     with pytest.raises(ValueError, match=None) as e:
@@ -220,6 +297,10 @@ def test_speculative_config_errors_say_what_to_change(value, message):
 def test_speculative_config_defaults_and_dict_form():
     c = SpeculativeConfig.parse({"method": "ngram", "num_speculative_tokens": 5, "prompt_lookup_max": 3})
     assert (c.num_speculative_tokens, c.prompt_lookup_min, c.prompt_lookup_max) == (5, 2, 3)
+    assert (c.disable_by_batch_size, c.backoff_max_steps) == (None, 32)
+    c = SpeculativeConfig.parse({"method": "ngram", "num_speculative_tokens": 2, "disable_by_batch_size": 32,
+                                 "backoff_max_steps": 0})
+    assert (c.disable_by_batch_size, c.backoff_max_steps) == (32, 0)
     assert SpeculativeConfig.parse('{"method": "ngram", "num_speculative_tokens": 1}').prompt_lookup_max == 4
     assert NgramProposer(1, 2).propose([SimpleNamespace(token_ids=[1, 2, 1])], [2]) == [[2, 1]]
 
