@@ -304,9 +304,10 @@ class SpeculativeConfig:
 
     When speculation does not pay it steps aside: a step with `disable_by_batch_size` or more running sequences
     verifies nothing (vLLM's key: at large batches the verification's extra tokens cost compute that decoding has
-    not got to spare); a sequence whose proposals keep being rejected (none accepted, or nothing proposed) decodes
-    plainly for 1, 2, 4, .. up to `backoff_max_steps` steps before it speculates again (plain decode steps run
-    ahead of the host in CUDA graphs; a verification waits for its tokens). `backoff_max_steps` 0: always speculate.
+    not got to spare); a sequence whose proposals are mostly rejected (fewer than 0.25 tokens accepted per
+    verification, as a running mean) decodes plainly for 1, 2, 4, .. up to `backoff_max_steps` steps between
+    verifications that accept nothing (plain decode steps run ahead of the host in CUDA graphs; a verification
+    waits for its tokens). `backoff_max_steps` 0: always speculate.
     """
 
     method: str

@@ -97,8 +97,10 @@ class EngineArgs:
     speculative_config: str | dict | None = _knob(
         None, 'speculative decoding, as JSON: {"method": "ngram", "num_speculative_tokens": 4, '
               '"prompt_lookup_max": 4, "prompt_lookup_min": 2} (prompt lookup) or {"method": "draft_model", '
-              '"model": DIR, "num_speculative_tokens": 4} (a smaller model with the same tokenizer). Requests with '
-              'penalties or logprobs decode without it')
+              '"model": DIR, "num_speculative_tokens": 4} (a smaller model with the same tokenizer); optional '
+              '"disable_by_batch_size": N (steps with N running sequences or more do not speculate) and '
+              '"backoff_max_steps": 32 (sequences whose proposals are mostly rejected decode plainly up to that '
+              'many steps between tries; 0: never back off). Requests with penalties or logprobs decode without it')
     enable_chunked_prefill: bool = _knob(True, "split long prompts into chunks that share steps with decodes "
                                                "(always on: the scheduler has one token budget and no phases)")
     tensor_parallel_size: int = _knob(1, "ranks (GPUs, or CPU processes) one model is split over: heads, MLP and "

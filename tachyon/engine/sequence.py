@@ -60,10 +60,11 @@ class Sequence:
     # prompt token's rank, filled by the engine core as the prefill's steps land (the request's first sequence)
     prompt_logprobs: list[dict[int, float]] = field(default_factory=list)
     prompt_ranks: list[int] = field(default_factory=list)
-    # speculative decoding's back-off: decodes left without proposals, and verifications in a row that accepted
-    # none (Scheduler._spec_cap / _spec_outcome)
+    # speculative decoding's back-off (Scheduler._spec_cap / _spec_outcome): decodes left without proposals,
+    # failed verifications in a row, and the running mean of accepted tokens per verification
     spec_skip: int = 0
     spec_fails: int = 0
+    spec_mean_accepted: float = 1.0
     # n > 1: siblings wait until this sequence's prompt is in the cache, then share its blocks
     pending_forks: list[Sequence] = field(default_factory=list)
 

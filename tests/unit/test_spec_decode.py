@@ -225,31 +225,48 @@ def test_rejected_proposals_back_off_exponentially_and_an_accepted_one_ends_it()
     a = _seq("a", 4, max_tokens=40)
     s.add(a)
     _land(s, s.schedule(), {"a": 50}, {})
-    # none accepted j times in a row: 1, 2, 4, then 4 (the cap) plain decodes before the next verification
-    assert "".join(_decode_kinds(s, a, 16, accepted=0)) == "vpvppvppppvppppv"
-    assert (a.spec_fails, a.spec_skip) == (5, 4)
-    assert (s.spec_num_drafts, s.spec_num_draft_tokens, s.spec_num_accepted_tokens) == (5, 10, 0)
+    # the running mean of accepted tokens (weight 1/8, from 1) falls under 0.25 at the 11th empty verification;
+    # from there each one that accepts nothing backs off 1, 2, 4, then 4 (the cap) plain decodes
+    kinds = "".join(_decode_kinds(s, a, 21, accepted=0))
+    assert kinds == "v" * 10 + "vp" + "vpp" + "vpppp" + "v"
+    assert (a.spec_fails, a.spec_skip) == (4, 4) and a.spec_mean_accepted == pytest.approx(0.875 ** 14)
+    assert (s.spec_num_drafts, s.spec_num_draft_tokens, s.spec_num_accepted_tokens) == (14, 28, 0)
     _decode_kinds(s, a, 4, accepted=0)  # the back-off's 4 plain decodes
     assert _decode_kinds(s, a, 3, accepted=1) == ["v", "v", "v"]  # one accepted: it speculates every step again
     assert (a.spec_fails, a.spec_skip) == (0, 0)
     s.kv.check_integrity([a])
 
 
+def test_a_proposer_right_a_third_of_the_time_keeps_speculating():
+    s = _sched(_FixedProposer({"a": [7, 8]}), k=2, budget=8, blocks=40, backoff_max_steps=32)
+    a = _seq("a", 4, max_tokens=60)
+    s.add(a)
+    _land(s, s.schedule(), {"a": 50}, {})
+    # accepted 1, 0, 0, 1, 0, 0 ..: a mean of 1/3 token per verification, above the back-off's 0.25
+    kinds = [k for i in range(12) for k in _decode_kinds(s, a, 1, accepted=1 if i % 3 == 0 else 0)]
+    assert kinds == ["v"] * 12 and a.spec_skip == 0
+
+
 def test_nothing_to_propose_backs_off_too_and_backoff_0_always_speculates():
-    s = _sched(_FixedProposer({}), k=2, budget=8, blocks=40, backoff_max_steps=8)
+    prop = _FixedProposer({})
+    s = _sched(prop, k=2, budget=8, blocks=40, backoff_max_steps=8)
     a = _seq("a", 4, max_tokens=40)
     s.add(a)
     _land(s, s.schedule(), {"a": 50}, {})
-    out = s.schedule()  # the proposer finds nothing: a plain decode (it waited for the host to look)
-    assert _split(out) == [("a", 4, 1, True, [])] and out.max_in_flight == 2 and a.spec_skip == 1
+    out = s.schedule()  # the proposer finds nothing: a plain decode (it waited for the host to look), not held
+    assert _split(out) == [("a", 4, 1, True, [])] and out.max_in_flight == 2
     _land(s, out, {"a": 60}, {})
-    assert _decode_kinds(s, a, 4, accepted=0) == ["p"] * 4  # the skip, an empty try, 2 skips
-    assert a.spec_fails == 2 and len(s.proposer.calls) == 2
+    assert _decode_kinds(s, a, 10, accepted=0) == ["p"] * 10  # 11 looks that found nothing: now it backs off
+    assert (a.spec_fails, a.spec_skip, len(prop.calls)) == (1, 1, 11)
+    _decode_kinds(s, a, 1, accepted=0)
+    assert len(prop.calls) == 11  # the back-off's decode did not look
+    _decode_kinds(s, a, 1, accepted=0)
+    assert (a.spec_fails, a.spec_skip, len(prop.calls)) == (2, 2, 12)
     s2 = _sched(_FixedProposer({"b": [7, 8]}), k=2, budget=8, blocks=40, backoff_max_steps=0)
     b = _seq("b", 4, max_tokens=40)
     s2.add(b)
     _land(s2, s2.schedule(), {"b": 50}, {})
-    for _ in range(6):
+    for _ in range(16):
         out = s2.schedule()
         assert out.seqs[0].spec_token_ids == [7, 8]
         _land(s2, out, {"b": 60}, {"b": 0})
