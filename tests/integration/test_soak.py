@@ -25,7 +25,7 @@ import pytest
 from tests.integration.conftest import API_KEY, MODEL, _bound_socket, _wait_healthy
 
 NUM_REQUESTS = 600
-NUM_WARMUP = 100
+NUM_WARMUP = 60
 CONCURRENCY = 64
 MAX_TOKENS = 8  # short generations keep 2 x 1,100 requests within about two minutes on 2 cores
 MIB = 1024
