@@ -174,6 +174,7 @@ def main() -> None:
     k = args.k
     spec = ({"method": "draft_model", "model": args.draft, "num_speculative_tokens": k} if args.draft
             else {"method": "ngram", "num_speculative_tokens": k})
+    t_start = time.monotonic()
     llm = LLM(model=args.model, load_format="dummy", max_model_len=args.max_model_len, swap_space=0,
               quantization=args.quantization, num_kv_blocks=args.num_kv_blocks, speculative_config=spec)
     draft = llm.engine.scheduler.proposer if args.draft else None
@@ -185,7 +186,8 @@ def main() -> None:
               "input_len": args.input_len, "output_len": args.output_len,
               "verification_steps": "verify_graphs on: whole-step CUDA graphs (1 + k tokens per sequence); off: "
               + ("piecewise CUDA graphs" if llm.engine.runner.piecewise_graphs is not None else "eager"),
-              "trust_replay": args.trust_replay, "cases": []}
+              "trust_replay": args.trust_replay, "startup_s": time.monotonic() - t_start,
+              "num_kv_blocks": llm.engine.kv.num_blocks, "cases": []}
     rng = random.Random(0)
     for batch in [int(b) for b in args.batches.split(",")]:
         prompts = [[rng.randrange(vocab // 8, vocab - vocab // 8) for _ in range(args.input_len)] for _ in range(batch)]
@@ -219,8 +221,8 @@ def main() -> None:
             acc = "n/a" if r["acceptance_rate"] is None else f"{r['acceptance_rate']:.3f}"
             log(f"batch {batch} {name} (verify graphs {mode}, backoff {backoff}): acceptance {acc}, "
                 f"{r['batch_decode_tok_s']:.1f} tok/s decode (x{r['speedup_vs_plain']:.2f}), identical {same}/{batch}")
-        with open(args.out, "w") as f:
-            json.dump(result, f, indent=1)
+            with open(args.out, "w") as f:  # after every case: a run cut short keeps what it measured
+                json.dump(result, f, indent=1)
 
 
 if __name__ == "__main__":
