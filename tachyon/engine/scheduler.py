@@ -45,7 +45,6 @@ from tachyon.engine.kv_cache import KVCacheManager
 from tachyon.engine.sequence import Sequence, SequenceStatus
 from tachyon.interface import ModelRunnerOutput, Proposer, ScheduledSeq, SchedulerOutput
 
-
 # speculative decoding's back-off (Scheduler._spec_outcome): a sequence backs off while its running mean of accepted
 # tokens per verification is under this. A verification of k tokens costs about 1.2 decode steps at batch 1 and
 # 1.6 at batch 64 on an H100 (llama3-8b, k = 4), so it pays above ~0.2 and ~0.6 accepted tokens.
