@@ -7,7 +7,7 @@
 #   3. issue 16, the seeds' pairing: llama3-70b AWQ target + llama3-8b draft (random weights; the draft's forwards
 #      and KV run, its tokens replaced by replayed ones of fidelity 0.92 / 0.8 ~ acceptance 0.8 / 0.6), batch 1,
 #      with the time left (its JSON is written after every case)
-# Usage (repo root, GPU machine, carry .whl): OUT=dir [END_S=450] bash benchmarks/gpu_session_e.sh
+# Usage (repo root, GPU machine, carry .whl): OUT=dir [END_S=450] [GATEWAY=0] bash benchmarks/gpu_session_e.sh
 set -u
 export PYTHONPATH=.
 END=${END_S:-450}
@@ -15,9 +15,11 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader > 
 mkdir -p /tmp/site && python -m pip install -q --no-index --no-deps --no-compile --target /tmp/site \
   .whl/pydantic-2*.whl .whl/pydantic_core-*.whl .whl/annotated_types-*.whl .whl/typing_inspection-*.whl \
   .whl/fastapi-*.whl .whl/starlette-*.whl .whl/uvicorn-*.whl .whl/opentelemetry_api-*.whl > /dev/null 2>&1
-PYTHONPATH=.:/tmp/site timeout 90 python benchmarks/gateway_overhead.py --concurrency 64 --requests 1280 --repeats 2 \
-  --out "$OUT/gateway_overhead_16cores" > "$OUT/gateway.log" 2>&1
-echo "gateway rc=$?"; tail -7 "$OUT/gateway_overhead_16cores.md" 2>/dev/null | cut -c1-300
+if [ "${GATEWAY:-1}" = 1 ]; then  # GATEWAY=0 leaves step 1 out
+  PYTHONPATH=.:/tmp/site timeout 90 python benchmarks/gateway_overhead.py --concurrency 64 --requests 1280 \
+    --repeats 2 --out "$OUT/gateway_overhead_16cores" > "$OUT/gateway.log" 2>&1
+  echo "gateway rc=$?"; tail -7 "$OUT/gateway_overhead_16cores.md" 2>/dev/null | cut -c1-300
+fi
 timeout 120 python benchmarks/spec_decode_gpu.py --batches 1,64 --k 4 --fidelity 0.3 --backoff 32 \
   --trust-replay --out "$OUT/spec_decode.json" > "$OUT/spec_decode.log" 2>&1
 echo "spec 8b rc=$?"; grep -E "batch|Error" "$OUT/spec_decode.log" | cut -c1-200 | tail -12
