@@ -10,7 +10,7 @@
 # .whl (gitignored) for the device's Python 3.12, made here with:
 #   pip download --python-version 3.12 --only-binary :all: --no-deps -d .whl fastapi==0.165.0 starlette==1.10.0 \
 #     uvicorn==0.55.0 pydantic==2.14.4 pydantic-core==2.50.5 annotated-types==0.8.0 typing-inspection==0.4.5 \
-#     opentelemetry-api==1.45.3 xgrammar==0.2.9 apache-tvm-ffi==0.1.15.post2
+#     opentelemetry-api==1.45.3 xgrammar==0.2.9 apache-tvm-ffi==0.1.15.post2 httptools==0.9.0 uvloop==0.23.0
 # Usage (repo root, GPU machine, carry .whl): OUT=dir [END_S=590] bash benchmarks/gpu_issue15_e.sh
 set -u
 export PYTHONPATH=.

@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
-# One call for issues 21 and 16:
-#   1. issue 21: the gateway's overhead at 64 streams, the client spread over processes (one httpx process
-#      saturated in gpu_issue19_21_16.sh / gpu_issue15_e.sh, so those runs measured the client)
-#   2. issue 16: llama3-8b with the back-off that follows the running mean of accepted tokens, batch 1 and 64
+# One call for issues 16 and 21 (steps in this order):
+#   1. issue 16: llama3-8b with the back-off that follows the running mean of accepted tokens, batch 1 and 64
 #      (plain, replay fidelity 0.3, random; the back-off at its default 32)
-#   3. issue 16, the seeds' pairing: llama3-70b AWQ target + llama3-8b draft (random weights; the draft's forwards
+#   2. issue 16, the seeds' pairing: llama3-70b AWQ target + llama3-8b draft (random weights; the draft's forwards
 #      and KV run, its tokens replaced by replayed ones of fidelity 0.92 / 0.8 ~ acceptance 0.8 / 0.6), batch 1,
-#      with the time left (its JSON is written after every case)
+#      with the time left but 60 s (its JSON is written after every case)
+#   3. issue 21: the gateway's overhead at 64 streams, the client spread over processes (one httpx process
+#      saturated in gpu_issue19_21_16.sh / gpu_issue15_e.sh, so those runs measured the client); uvicorn with
+#      httptools and uvloop, as the gateway extra installs it
 # Usage (repo root, GPU machine, carry .whl): OUT=dir [END_S=450] [GATEWAY=0] bash benchmarks/gpu_session_e.sh
 set -u
 export PYTHONPATH=.
@@ -14,18 +15,19 @@ END=${END_S:-450}
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader > "$OUT/gpu.txt"; cat "$OUT/gpu.txt"
 mkdir -p /tmp/site && python -m pip install -q --no-index --no-deps --no-compile --target /tmp/site \
   .whl/pydantic-2*.whl .whl/pydantic_core-*.whl .whl/annotated_types-*.whl .whl/typing_inspection-*.whl \
-  .whl/fastapi-*.whl .whl/starlette-*.whl .whl/uvicorn-*.whl .whl/opentelemetry_api-*.whl > /dev/null 2>&1
-if [ "${GATEWAY:-1}" = 1 ]; then  # GATEWAY=0 leaves step 1 out
-  PYTHONPATH=.:/tmp/site timeout 90 python benchmarks/gateway_overhead.py --concurrency 64 --requests 1280 \
-    --repeats 2 --out "$OUT/gateway_overhead_16cores" > "$OUT/gateway.log" 2>&1
-  echo "gateway rc=$?"; tail -7 "$OUT/gateway_overhead_16cores.md" 2>/dev/null | cut -c1-300
-fi
+  .whl/fastapi-*.whl .whl/starlette-*.whl .whl/uvicorn-*.whl .whl/opentelemetry_api-*.whl \
+  .whl/httptools-*.whl .whl/uvloop-*.whl > /dev/null 2>&1  # uvicorn[standard]'s parser and loop, as the gateway extra
 timeout 120 python benchmarks/spec_decode_gpu.py --batches 1,64 --k 4 --fidelity 0.3 --backoff 32 \
   --trust-replay --out "$OUT/spec_decode.json" > "$OUT/spec_decode.log" 2>&1
 echo "spec 8b rc=$?"; grep -E "batch|Error" "$OUT/spec_decode.log" | cut -c1-200 | tail -12
-timeout $((END - SECONDS)) python benchmarks/spec_decode_gpu.py --model benchmarks/models/llama3-70b.json \
+timeout $((END - 60 - SECONDS)) python benchmarks/spec_decode_gpu.py --model benchmarks/models/llama3-70b.json \
   --quantization awq --draft benchmarks/models/llama3-8b.json --num-kv-blocks 1000 --batches 1 --k 4 \
   --fidelity 0.92,0.8 --trust-replay --out "$OUT/spec_decode_70b_awq_8b_draft.json" > "$OUT/spec_70b.log" 2>&1
 echo "spec 70b rc=$?"; grep -E "batch|Error|startup" "$OUT/spec_70b.log" | cut -c1-220 | tail -6
+if [ "${GATEWAY:-1}" = 1 ]; then  # GATEWAY=0 leaves step 3 out
+  PYTHONPATH=.:/tmp/site timeout 60 python benchmarks/gateway_overhead.py --concurrency 64 --requests 1280 \
+    --repeats 2 --out "$OUT/gateway_overhead_16cores" > "$OUT/gateway.log" 2>&1
+  echo "gateway rc=$?"; tail -7 "$OUT/gateway_overhead_16cores.md" 2>/dev/null | cut -c1-300
+fi
 (cd "$OUT" && tar czf logs.tgz *.log && rm -f *.log)
 ls "$OUT"
