@@ -8,7 +8,7 @@
 #   3. issue 21: the gateway's overhead at 64 streams, the client spread over processes (one httpx process
 #      saturated in gpu_issue19_21_16.sh / gpu_issue15_e.sh, so those runs measured the client); uvicorn with
 #      httptools and uvloop, as the gateway extra installs it
-# Usage (repo root, GPU machine, carry .whl): OUT=dir [END_S=450] [GATEWAY=0] bash benchmarks/gpu_session_e.sh
+# Usage (repo root, GPU machine, carry .whl): OUT=dir [END_S=450] [PAIRING=0] [GATEWAY=0] bash benchmarks/gpu_session_e.sh
 set -u
 export PYTHONPATH=.
 END=${END_S:-450}
@@ -20,10 +20,12 @@ mkdir -p /tmp/site && python -m pip install -q --no-index --no-deps --no-compile
 timeout 120 python benchmarks/spec_decode_gpu.py --batches 1,64 --k 4 --fidelity 0.3 --backoff 32 \
   --trust-replay --out "$OUT/spec_decode.json" > "$OUT/spec_decode.log" 2>&1
 echo "spec 8b rc=$?"; grep -E "batch|Error" "$OUT/spec_decode.log" | cut -c1-200 | tail -12
-timeout $((END - 60 - SECONDS)) python benchmarks/spec_decode_gpu.py --model benchmarks/models/llama3-70b.json \
-  --quantization awq --draft benchmarks/models/llama3-8b.json --num-kv-blocks 1000 --batches 1 --k 4 \
-  --fidelity 0.92,0.8 --trust-replay --out "$OUT/spec_decode_70b_awq_8b_draft.json" > "$OUT/spec_70b.log" 2>&1
-echo "spec 70b rc=$?"; grep -E "batch|Error|startup" "$OUT/spec_70b.log" | cut -c1-220 | tail -6
+if [ "${PAIRING:-1}" = 1 ]; then  # PAIRING=0 leaves step 2 out
+  timeout $((END - 60 - SECONDS)) python benchmarks/spec_decode_gpu.py --model benchmarks/models/llama3-70b.json \
+    --quantization awq --draft benchmarks/models/llama3-8b.json --num-kv-blocks 1000 --batches 1 --k 4 \
+    --fidelity 0.92,0.8 --trust-replay --out "$OUT/spec_decode_70b_awq_8b_draft.json" > "$OUT/spec_70b.log" 2>&1
+  echo "spec 70b rc=$?"; grep -E "batch|Error|startup" "$OUT/spec_70b.log" | cut -c1-220 | tail -6
+fi
 if [ "${GATEWAY:-1}" = 1 ]; then  # GATEWAY=0 leaves step 3 out
   PYTHONPATH=.:/tmp/site timeout 60 python benchmarks/gateway_overhead.py --concurrency 64 --requests 1280 \
     --repeats 2 --out "$OUT/gateway_overhead_16cores" > "$OUT/gateway.log" 2>&1
