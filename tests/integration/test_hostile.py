@@ -60,7 +60,7 @@ def test_every_field_and_malformed_bodies(server, http):
     wait_idle(server)
 
 
-@settings(max_examples=100, deadline=None, suppress_health_check=list(HealthCheck))
+@settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
 @given(case=fuzz_cases())
 def test_fuzzed_bodies_never_break_the_server(server, http, case):
     r = http.post(case.path, content=case.body, headers=case.headers)
