@@ -88,28 +88,28 @@ def main() -> None:
                 ref = scaled_linear_ref(x, q, s)
                 row[f"{name}_err"] = rel(scaled_linear(x, q, s), ref)
                 row[f"{name}_walk_err"] = rel(scaled_linear(x, q, s, force_walk=True), ref) if m <= 256 else None
-            t = {"bf16": time_ms(lambda: x @ wb.T), "int8_wo": time_ms(lambda: int8_linear(x, q8, s8.bfloat16())),
-                 "fp8": time_ms(lambda: scaled_linear(x, qf, sf)), "w8a8": time_ms(lambda: scaled_linear(x, q8, s8))}
+            t = {"bf16": time_ms(lambda x=x, wb=wb: x @ wb.T), "int8_wo": time_ms(lambda x=x, q8=q8, s8=s8: int8_linear(x, q8, s8.bfloat16())),
+                 "fp8": time_ms(lambda x=x, qf=qf, sf=sf: scaled_linear(x, qf, sf)), "w8a8": time_ms(lambda x=x, q8=q8, s8=s8: scaled_linear(x, q8, s8))}
             if m <= 256:
-                t["fp8_walk"] = time_ms(lambda: scaled_linear(x, qf, sf, force_walk=True))
-                t["w8a8_walk"] = time_ms(lambda: scaled_linear(x, q8, s8, force_walk=True))
+                t["fp8_walk"] = time_ms(lambda x=x, qf=qf, sf=sf: scaled_linear(x, qf, sf, force_walk=True))
+                t["w8a8_walk"] = time_ms(lambda x=x, q8=q8, s8=s8: scaled_linear(x, q8, s8, force_walk=True))
             xq, xs = quantize_rows(x, torch.float8_e4m3fn)
-            t["quantize_rows"] = time_ms(lambda: quantize_rows(x, torch.float8_e4m3fn))
-            t["scaled_mm"] = time_ms(lambda: torch._scaled_mm(xq, qf.t(), scale_a=xs[:, None], scale_b=sf[None, :],
+            t["quantize_rows"] = time_ms(lambda x=x: quantize_rows(x, torch.float8_e4m3fn))
+            t["scaled_mm"] = time_ms(lambda xq=xq, xs=xs, qf=qf, sf=sf: torch._scaled_mm(xq, qf.t(), scale_a=xs[:, None], scale_b=sf[None, :],
                                                               out_dtype=torch.bfloat16))
-            t["scaled_mm_fast"] = time_ms(lambda: torch._scaled_mm(xq, qf.t(), scale_a=xs[:, None],
+            t["scaled_mm_fast"] = time_ms(lambda xq=xq, xs=xs, qf=qf, sf=sf: torch._scaled_mm(xq, qf.t(), scale_a=xs[:, None],
                                                                    scale_b=sf[None, :], out_dtype=torch.bfloat16,
                                                                    use_fast_accum=True))
             if m > 16:
                 xi, _ = quantize_rows(x, torch.int8)
-                t["int_mm"] = time_ms(lambda: torch._int_mm(xi, q8.t()))
+                t["int_mm"] = time_ms(lambda xi=xi, q8=q8: torch._int_mm(xi, q8.t()))
             row["ms"] = t
             if m > MAX_ROW_WALK_ROWS:  # cuBLAS against the fused GEMM's configs, for the tuned table
                 for name, q, s in (("fp8", qf, sf), ("w8a8", q8, s8)):
                     ref = scaled_linear_ref(x, q, s)
                     cfgs = [c for c in GEMM_CONFIGS if c[0] != "cublas" or cublas_takes(x, q)]
                     err = {str(c): rel(scaled_linear(x, q, s, config=c), ref) for c in cfgs}
-                    ms = {str(c): time_ms(lambda q=q, s=s, c=c: scaled_linear(x, q, s, config=c)) for c in cfgs}
+                    ms = {str(c): time_ms(lambda x=x, q=q, s=s, c=c: scaled_linear(x, q, s, config=c)) for c in cfgs}
                     best = min(ms, key=ms.get)
                     result["walk_configs"].append({"model": model, "layer": layer, "N": n, "K": k, "M": m,
                                                    "fmt": name, "ms": ms, "err": err, "best": best})
@@ -129,7 +129,8 @@ def main() -> None:
                 ms, err = {}, {}
                 for cfg in SMALL_CONFIGS:
                     err[str(cfg)] = rel(scaled_linear(x, q, s, config=cfg, force_walk=True), ref)
-                    ms[str(cfg)] = time_ms(lambda q=q, s=s, cfg=cfg: scaled_linear(x, q, s, config=cfg, force_walk=True))
+                    ms[str(cfg)] = time_ms(lambda x=x, q=q, s=s, cfg=cfg: scaled_linear(x, q, s, config=cfg,
+                                                                                   force_walk=True))
                 best = min(ms, key=ms.get)
                 result["walk_configs"].append({"model": model, "layer": layer, "N": n, "K": k, "M": m, "fmt": name,
                                                "ms": ms, "err": err, "best": best})

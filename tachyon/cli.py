@@ -5,14 +5,19 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from typing import TYPE_CHECKING
 
 from tachyon.gateway.cli import add_gateway_args
+
+if TYPE_CHECKING:
+    from tachyon.outputs import RequestOutput
+    from tachyon.sampling_params import SamplingParams
 
 # The engine's flags (engine_args, and through it torch) load in build_parser and the commands that run a model:
 # `tachyon gateway` runs none, and starts without them (see main).
 
 
-def _sampling(args) -> "SamplingParams":  # noqa: F821
+def _sampling(args) -> SamplingParams:
     from tachyon.sampling_params import SamplingParams
 
     return SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
@@ -29,7 +34,7 @@ def _add_sampling_args(p: argparse.ArgumentParser, temperature: float) -> None:
     p.add_argument("--seed-sampling", type=int, default=None, help="per-request sampling seed")
 
 
-def _stream(engine, rid: str, out=None) -> "RequestOutput":  # noqa: F821
+def _stream(engine, rid: str, out=None) -> RequestOutput:
     """Step the engine until request rid finishes, printing its text as it grows."""
     out = out or sys.stdout
     shown = 0
