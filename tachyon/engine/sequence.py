@@ -64,7 +64,7 @@ class Sequence:
     # failed verifications in a row, and the running mean of accepted tokens per verification
     spec_skip: int = 0
     spec_fails: int = 0
-    spec_mean_accepted: float = 1.0
+    spec_mean_accepted: float = 0.5
     # n > 1: siblings wait until this sequence's prompt is in the cache, then share its blocks
     pending_forks: list[Sequence] = field(default_factory=list)
 

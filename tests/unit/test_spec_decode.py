@@ -225,12 +225,12 @@ def test_rejected_proposals_back_off_exponentially_and_an_accepted_one_ends_it()
     a = _seq("a", 4, max_tokens=40)
     s.add(a)
     _land(s, s.schedule(), {"a": 50}, {})
-    # the running mean of accepted tokens (weight 1/8, from 1) falls under 0.25 at the 11th empty verification;
+    # the running mean of accepted tokens (weight 1/8, from 0.5) falls under 0.25 at the 6th empty verification;
     # from there each one that accepts nothing backs off 1, 2, 4, then 4 (the cap) plain decodes
-    kinds = "".join(_decode_kinds(s, a, 21, accepted=0))
-    assert kinds == "v" * 10 + "vp" + "vpp" + "vpppp" + "v"
-    assert (a.spec_fails, a.spec_skip) == (4, 4) and a.spec_mean_accepted == pytest.approx(0.875 ** 14)
-    assert (s.spec_num_drafts, s.spec_num_draft_tokens, s.spec_num_accepted_tokens) == (14, 28, 0)
+    kinds = "".join(_decode_kinds(s, a, 16, accepted=0))
+    assert kinds == "v" * 5 + "vp" + "vpp" + "vpppp" + "v"
+    assert (a.spec_fails, a.spec_skip) == (4, 4) and a.spec_mean_accepted == pytest.approx(0.5 * 0.875 ** 9)
+    assert (s.spec_num_drafts, s.spec_num_draft_tokens, s.spec_num_accepted_tokens) == (9, 18, 0)
     _decode_kinds(s, a, 4, accepted=0)  # the back-off's 4 plain decodes
     assert _decode_kinds(s, a, 3, accepted=1) == ["v", "v", "v"]  # one accepted: it speculates every step again
     assert (a.spec_fails, a.spec_skip) == (0, 0)
@@ -256,12 +256,12 @@ def test_nothing_to_propose_backs_off_too_and_backoff_0_always_speculates():
     out = s.schedule()  # the proposer finds nothing: a plain decode (it waited for the host to look), not held
     assert _split(out) == [("a", 4, 1, True, [])] and out.max_in_flight == 2
     _land(s, out, {"a": 60}, {})
-    assert _decode_kinds(s, a, 10, accepted=0) == ["p"] * 10  # 11 looks that found nothing: now it backs off
-    assert (a.spec_fails, a.spec_skip, len(prop.calls)) == (1, 1, 11)
+    assert _decode_kinds(s, a, 5, accepted=0) == ["p"] * 5  # 6 looks that found nothing: now it backs off
+    assert (a.spec_fails, a.spec_skip, len(prop.calls)) == (1, 1, 6)
     _decode_kinds(s, a, 1, accepted=0)
-    assert len(prop.calls) == 11  # the back-off's decode did not look
+    assert len(prop.calls) == 6  # the back-off's decode did not look
     _decode_kinds(s, a, 1, accepted=0)
-    assert (a.spec_fails, a.spec_skip, len(prop.calls)) == (2, 2, 12)
+    assert (a.spec_fails, a.spec_skip, len(prop.calls)) == (2, 2, 7)
     s2 = _sched(_FixedProposer({"b": [7, 8]}), k=2, budget=8, blocks=40, backoff_max_steps=0)
     b = _seq("b", 4, max_tokens=40)
     s2.add(b)
