@@ -15,13 +15,10 @@
 set -u
 export PYTHONPATH=.
 END=${END_S:-590}
+. benchmarks/gpu_lib.sh
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader  # (stdout only: 8 files come back)
-mkdir -p /tmp/site && python -m pip install -q --no-index --no-deps --no-compile --target /tmp/site \
-  .whl/pydantic-2*.whl .whl/pydantic_core-*.whl .whl/annotated_types-*.whl .whl/typing_inspection-*.whl \
-  .whl/fastapi-*.whl .whl/starlette-*.whl .whl/uvicorn-*.whl .whl/opentelemetry_api-*.whl > /dev/null 2>&1
-PYTHONPATH=.:/tmp/site timeout 80 python benchmarks/gateway_overhead.py --concurrency 64 --requests 1280 --repeats 2 \
-  --out "$OUT/gateway_overhead_16cores" > "$OUT/gateway.log" 2>&1
-echo "gateway rc=$?"; tail -2 "$OUT/gateway_overhead_16cores.md" 2>/dev/null | cut -c1-400
+install_site
+gateway_overhead 80
 timeout 60 python -m pytest -q -p no:cacheprovider tests/kernels/test_scaled_linear.py tests/kernels/test_sampler_no_sync.py \
   > "$OUT/gpu_tests.log" 2>&1
 tail -2 "$OUT/gpu_tests.log"; grep "^E   " "$OUT/gpu_tests.log" | sort | uniq -c | sort -rn | head -5 | cut -c1-200
@@ -30,15 +27,7 @@ timeout 150 python benchmarks/scaled_kernels.py --models llama3-8b --rows 1,16,6
   --budget-s 130 --out "$OUT/scaled_kernels.json" --write-tuned "$TUNED" > "$OUT/scaled_kernels.log" 2>&1
 echo "scaled_kernels rc=$?"; cp "$TUNED" "$OUT/tuned_$(basename "$TUNED")"
 grep -E "^(walk|gemm)" "$OUT/scaled_kernels.log" | cut -c1-170
-run() {  # name, args...
-  local name=$1; shift
-  [ $SECONDS -lt $((END - 60)) ] || { echo "== $name: no time left"; return; }
-  timeout $((END - SECONDS)) python benchmarks/gpu_run.py perf --lean-single --out "$OUT/perf_$name.json" "$@" \
-    > "$OUT/perf_$name.log" 2>&1
-  echo "== $name rc=$?"; grep -E "\] (single|throughput) |Error" "$OUT/perf_$name.log" | cut -c1-200 | tail -3
-}
-run 8b_fp8 --quantization fp8 --workloads single,throughput
-run 8b_w8a8 --quantization w8a8 --workloads single,throughput
-run 8b_fp8_kvfp8 --quantization fp8 --kv-cache-dtype fp8 --workloads throughput
-(cd "$OUT" && tar czf logs.tgz *.log && rm -f *.log)
-ls "$OUT"
+perf_run 8b_fp8 --quantization fp8 --workloads single,throughput
+perf_run 8b_w8a8 --quantization w8a8 --workloads single,throughput
+perf_run 8b_fp8_kvfp8 --quantization fp8 --kv-cache-dtype fp8 --workloads throughput
+pack_logs

@@ -9,15 +9,11 @@
 set -u
 export PYTHONPATH=.
 END=${END_S:-585}
+. benchmarks/gpu_lib.sh
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader > "$OUT/gpu.txt"; cat "$OUT/gpu.txt"
 git log -1 --format=%H >> "$OUT/gpu.txt" 2>/dev/null
-mkdir -p /tmp/site && python -m pip install -q --no-index --no-deps --no-compile --target /tmp/site \
-  .whl/xgrammar-*.whl .whl/apache_tvm_ffi-*.whl .whl/pydantic-2*.whl .whl/pydantic_core-*.whl \
-  .whl/annotated_types-*.whl .whl/typing_inspection-*.whl .whl/fastapi-*.whl .whl/starlette-*.whl \
-  .whl/uvicorn-*.whl .whl/opentelemetry_api-*.whl > /dev/null 2>&1
-PYTHONPATH=.:/tmp/site timeout 80 python benchmarks/gateway_overhead.py --concurrency 64 --requests 1280 --repeats 2 \
-  --out "$OUT/gateway_overhead_16cores" > "$OUT/gateway.log" 2>&1
-echo "gateway rc=$?"; tail -4 "$OUT/gateway_overhead_16cores.md" 2>/dev/null | cut -c1-300
+install_site .whl/xgrammar-*.whl .whl/apache_tvm_ffi-*.whl
+gateway_overhead 80
 PYTHONPATH=.:/tmp/site timeout 200 python benchmarks/structured_overhead.py \
   --model benchmarks/models/llama3-8b-structured --load-format dummy --max-tokens 256 --repeats 2 \
   --out "$OUT/structured_overhead" > "$OUT/structured.log" 2>&1
@@ -25,5 +21,4 @@ echo "structured rc=$?"; tail -8 "$OUT/structured_overhead.md" 2>/dev/null | cut
 timeout $((END - SECONDS)) python benchmarks/spec_decode_gpu.py --batches 1,64 --k 4 --fidelity 1,0.3 --backoff 0,32 --trust-replay \
   --out "$OUT/spec_decode.json" > "$OUT/spec_decode.log" 2>&1
 echo "spec rc=$?"; grep -E "batch|Error" "$OUT/spec_decode.log" | cut -c1-250 | tail -12
-(cd "$OUT" && tar czf logs.tgz *.log && rm -f *.log)
-ls "$OUT"
+pack_logs

@@ -12,11 +12,9 @@
 set -u
 export PYTHONPATH=.
 END=${END_S:-450}
+. benchmarks/gpu_lib.sh
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader > "$OUT/gpu.txt"; cat "$OUT/gpu.txt"
-mkdir -p /tmp/site && python -m pip install -q --no-index --no-deps --no-compile --target /tmp/site \
-  .whl/pydantic-2*.whl .whl/pydantic_core-*.whl .whl/annotated_types-*.whl .whl/typing_inspection-*.whl \
-  .whl/fastapi-*.whl .whl/starlette-*.whl .whl/uvicorn-*.whl .whl/opentelemetry_api-*.whl \
-  .whl/httptools-*.whl .whl/uvloop-*.whl > /dev/null 2>&1  # uvicorn[standard]'s parser and loop, as the gateway extra
+install_site .whl/httptools-*.whl .whl/uvloop-*.whl  # uvicorn[standard]'s parser and loop, as the gateway extra
 timeout ${SPEC_S:-120} python benchmarks/spec_decode_gpu.py --batches 1,64 --k 4 --fidelity 0.3 --backoff 32 \
   --trust-replay --out "$OUT/spec_decode.json" > "$OUT/spec_decode.log" 2>&1
 echo "spec 8b rc=$?"; grep -E "batch|Error" "$OUT/spec_decode.log" | cut -c1-200 | tail -12
@@ -27,9 +25,6 @@ if [ "${PAIRING:-1}" = 1 ]; then  # PAIRING=0 leaves step 2 out
   echo "spec 70b rc=$?"; grep -E "batch|Error|startup" "$OUT/spec_70b.log" | cut -c1-220 | tail -6
 fi
 if [ "${GATEWAY:-1}" = 1 ]; then  # GATEWAY=0 leaves step 3 out
-  PYTHONPATH=.:/tmp/site timeout ${GW_S:-60} python benchmarks/gateway_overhead.py --concurrency 64 --requests 1280 \
-    --repeats 2 --out "$OUT/gateway_overhead_16cores" > "$OUT/gateway.log" 2>&1
-  echo "gateway rc=$?"; tail -7 "$OUT/gateway_overhead_16cores.md" 2>/dev/null | cut -c1-300
+  gateway_overhead "${GW_S:-60}"
 fi
-(cd "$OUT" && tar czf logs.tgz *.log && rm -f *.log)
-ls "$OUT"
+pack_logs
