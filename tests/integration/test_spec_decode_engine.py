@@ -178,3 +178,23 @@ def test_draft_kv_shares_the_pool_budget(tiny):
     assert (llm.generate(prompt, greedy)[0].outputs[0].token_ids
             == plain.generate(prompt, greedy)[0].outputs[0].token_ids)
     _assert_no_leaks(llm)
+
+
+def test_a_draft_that_is_never_right_backs_off_and_catches_up_exactly(tiny):
+    """Another model's random weights as the draft: its proposals are rejected, the sequences back off (plain
+    decodes the draft does not see), and each later proposal first runs the tokens it missed: greedy output stays
+    transformers' and the draft is asked far less often than every decode."""
+    path, hf, draft = tiny
+    prompts = _prompts(3, seed=4)
+    max_tokens = 28
+    refs = [hf_greedy(hf, p, max_tokens) for p in prompts]
+    spec = {"method": "draft_model", "model": draft, "num_speculative_tokens": 3, "backoff_max_steps": 4}
+    llm = _tiny_llm(path, spec)
+    outs = llm.generate([{"prompt_token_ids": p} for p in prompts],
+                        SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True))
+    assert [o.outputs[0].token_ids for o in outs] == refs
+    st = llm.engine.stats()
+    assert st.spec_num_accepted_tokens < st.spec_num_draft_tokens / 4, "the draft was meant to be mostly wrong"
+    # without the back-off every decode but the last verifies: 27 per sequence
+    assert 0 < st.spec_num_drafts < len(prompts) * (max_tokens - 1) * 2 // 3
+    _assert_no_leaks(llm)
