@@ -208,8 +208,9 @@ def main() -> None:
         modes = ("on", "off") if args.verify_graphs == "both" else (args.verify_graphs,)
         backoffs = [int(b) for b in args.backoff.split(",")]
         for (name, prop), mode, backoff in [(c, m, b) for c in cases for m in modes for b in backoffs]:
-            if "fidelity=1 " in name + " " and backoff != backoffs[0]:
-                continue
+            replay = prop.replay if isinstance(prop, PaidReplay) else prop
+            if getattr(replay, "fidelity", None) == 1.0 and backoff != backoffs[0]:
+                continue  # nothing is rejected: the back-off never starts
             set_proposer(llm, prop, k, backoff)
             llm.engine.runner.verify_graphs = verify_graphs if mode == "on" else None
             r = run(llm, prompts, args.output_len)

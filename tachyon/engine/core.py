@@ -66,11 +66,7 @@ class EngineCore:
         self.runner = runner
         self.kv = KVCacheManager(num_blocks, config.cache.block_size, config.cache.enable_prefix_caching,
                                  num_cpu_blocks=num_cpu_blocks)
-        spec = config.speculative if proposer is not None else None
-        self.scheduler = Scheduler(config.scheduler, self.kv, proposer,
-                                   spec.num_speculative_tokens if spec is not None else 0,
-                                   backoff_max_steps=spec.backoff_max_steps if spec is not None else 0,
-                                   disable_by_batch_size=spec.disable_by_batch_size if spec is not None else None)
+        self.scheduler = Scheduler(config.scheduler, self.kv, proposer, config.speculative)
         self.groups: dict[str, SequenceGroup] = {}
         self.in_flight: deque[tuple[SchedulerOutput, object]] = deque()
         self._incoming: deque[EngineCoreRequest] = deque()

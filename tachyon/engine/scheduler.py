@@ -40,7 +40,7 @@ from __future__ import annotations
 import time
 from collections import deque
 
-from tachyon.config import SchedulerConfig
+from tachyon.config import SchedulerConfig, SpeculativeConfig
 from tachyon.engine.kv_cache import KVCacheManager
 from tachyon.engine.sequence import Sequence, SequenceStatus
 from tachyon.interface import ModelRunnerOutput, Proposer, ScheduledSeq, SchedulerOutput
@@ -68,14 +68,14 @@ def may_speculate(seq: Sequence) -> bool:
 
 class Scheduler:
     def __init__(self, config: SchedulerConfig, kv: KVCacheManager, proposer: Proposer | None = None,
-                 num_speculative_tokens: int = 0, backoff_max_steps: int = 0,
-                 disable_by_batch_size: int | None = None):
+                 spec: SpeculativeConfig | None = None):
         self.config = config
         self.kv = kv
         self.proposer = proposer
-        self.num_speculative_tokens = num_speculative_tokens if proposer is not None else 0
-        self.backoff_max_steps = backoff_max_steps
-        self.disable_by_batch_size = disable_by_batch_size
+        spec = spec if proposer is not None else None  # speculation needs both
+        self.num_speculative_tokens = spec.num_speculative_tokens if spec else 0
+        self.backoff_max_steps = spec.backoff_max_steps if spec else 0
+        self.disable_by_batch_size = spec.disable_by_batch_size if spec else None
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.num_preemptions = 0

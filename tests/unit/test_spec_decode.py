@@ -121,8 +121,9 @@ def _seq(sid: str, n_prompt: int, max_tokens: int = 16, **sp) -> Sequence:
 
 def _sched(proposer, k=3, budget=32, blocks=20, block_size=4, **spec) -> Scheduler:
     kv = KVCacheManager(blocks, block_size, enable_prefix_caching=False)
+    spec = SpeculativeConfig("ngram", k, **{"backoff_max_steps": 0, **spec})  # the proposer given is what runs
     return Scheduler(SchedulerConfig(max_num_batched_tokens=budget, max_num_seqs=8, max_model_len=64,
-                                     num_scheduler_steps=3), kv, proposer, k, **spec)
+                                     num_scheduler_steps=3), kv, proposer, spec)
 
 
 def _split(out) -> list[tuple]:
