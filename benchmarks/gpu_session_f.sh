@@ -4,6 +4,8 @@
 #   2. llama3-8b's layers on this card: small-rows configs (1/4/16 rows), cuBLAS vs the fused GEMM, merged into
 #      tachyon/kernels/quant_tuned/<GPU>.json (the file comes back to commit; the engine reads it)
 #   3. llama3-8b fp8 `single` + `throughput`, fp8 with the fp8 KV cache `throughput`, w8a8 `single` + `throughput`
+#   4. issue 16 on this card, with the time left: llama3-8b k = 4 at acceptance 1 and 0 (replay fidelity 1, random),
+#      batch 1 and 64, the default back-off
 # Usage (repo root, GPU machine): OUT=dir [END_S=590] bash benchmarks/gpu_session_f.sh
 set -u
 export PYTHONPATH=.
@@ -14,11 +16,16 @@ timeout 60 python -m pytest -q -p no:cacheprovider tests/kernels/test_scaled_lin
   > "$OUT/gpu_tests.log" 2>&1
 tail -2 "$OUT/gpu_tests.log"; grep "^E   " "$OUT/gpu_tests.log" | sort | uniq -c | sort -rn | head -5 | cut -c1-200
 TUNED=tachyon/kernels/quant_tuned/$(python -c "import torch; print(torch.cuda.get_device_name().replace(' ', '_'))").json
-timeout 150 python benchmarks/scaled_kernels.py --models llama3-8b --rows 1,16,64,256,4096 --config-rows 1,4,16 \
-  --budget-s 130 --out "$OUT/scaled_kernels.json" --write-tuned "$TUNED" > "$OUT/scaled_kernels.log" 2>&1
+timeout 210 python benchmarks/scaled_kernels.py --models llama3-8b --rows 1,16,64,256,4096 --config-rows 1,4,16 \
+  --budget-s 190 --out "$OUT/scaled_kernels.json" --write-tuned "$TUNED" > "$OUT/scaled_kernels.log" 2>&1
 echo "scaled_kernels rc=$?"; cp "$TUNED" "$OUT/tuned_$(basename "$TUNED")"
 grep -E "^(walk|gemm)" "$OUT/scaled_kernels.log" | cut -c1-170
 perf_run 8b_fp8 --quantization fp8 --workloads single,throughput
 perf_run 8b_fp8_kvfp8 --quantization fp8 --kv-cache-dtype fp8 --workloads throughput
 perf_run 8b_w8a8 --quantization w8a8 --workloads single,throughput
+if [ $SECONDS -lt $((END - 75)) ]; then
+  timeout $((END - SECONDS)) python benchmarks/spec_decode_gpu.py --batches 1,64 --k 4 --fidelity 1 --backoff 32 \
+    --trust-replay --out "$OUT/spec_decode.json" > "$OUT/spec_decode.log" 2>&1
+  echo "spec rc=$?"; grep -E "batch|Error" "$OUT/spec_decode.log" | cut -c1-200 | tail -8
+fi
 pack_logs

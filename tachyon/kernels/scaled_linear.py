@@ -11,7 +11,8 @@ walk up to MAX_ROW_WALK_ROWS rows and cuBLAS above:
   (one byte a weight, as int8 weight-only):
   "walk": `_w8a8_row_kernel`, a program per row and strip of output features that finds its row's scale (one
   pass over x, which is small), then walks K quantizing x in registers as the reference does and accumulating
-  the 8-bit products in fp32 on the CUDA cores;
+  the 8-bit products in fp32 on the CUDA cores; "lwalk": the same, its sum over K reduced across threads once at
+  the end rather than once per K tile;
   "dot": `_w8a8_dot_kernel`, all rows in one program per strip, weight tile @ x_q.T on tensor cores (rows padded
   to 16), so each x tile is quantized once per strip and the weight is read once whatever the rows.
 - above (prefill, large batches): `_quantize_rows_kernel` writes x_q and its scales, then
@@ -46,8 +47,10 @@ MAX_ROW_WALK_ROWS = 16  # up to this many rows a linear layer is bandwidth-bound
 ROW_WALK_CONFIG = ("walk", 16, 512, 4, 4)  # kind, BLOCK_N, BLOCK_K, num_warps, num_stages
 CUBLAS_CONFIG = ("cublas",)  # quantize_rows, then torch._scaled_mm (fp8) or torch._int_mm + _int_epilogue_kernel
 SMALL_CONFIGS = [("walk", 16, 512, 4, 4), ("walk", 8, 512, 4, 4), ("walk", 32, 256, 4, 4), ("walk", 16, 1024, 8, 3),
-                 ("walk", 32, 512, 8, 3), ("dot", 64, 128, 4, 4), ("dot", 64, 256, 4, 3), ("dot", 128, 128, 4, 3),
-                 ("dot", 32, 256, 4, 4), ("dot", 128, 256, 8, 3), ("dot", 64, 512, 4, 3), ("dot", 16, 512, 4, 3)]
+                 ("walk", 32, 512, 8, 3), ("lwalk", 16, 256, 4, 4), ("lwalk", 8, 512, 4, 4), ("lwalk", 32, 128, 4, 4),
+                 ("lwalk", 16, 512, 8, 3), ("lwalk", 32, 256, 8, 3), ("dot", 64, 128, 4, 4), ("dot", 64, 256, 4, 3),
+                 ("dot", 128, 128, 4, 3), ("dot", 32, 256, 4, 4), ("dot", 128, 256, 8, 3), ("dot", 64, 512, 4, 3),
+                 ("dot", 16, 512, 4, 3)]
 # above MAX_ROW_WALK_ROWS: cuBLAS or the fused GEMM ("gemm", BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages)
 GEMM_CONFIGS = [CUBLAS_CONFIG, ("gemm", 32, 128, 128, 4, 4), ("gemm", 64, 128, 128, 4, 4), ("gemm", 64, 256, 128, 8, 3),
                 ("gemm", 128, 128, 128, 8, 3), ("gemm", 128, 256, 128, 8, 3), ("gemm", 16, 128, 256, 4, 4)]
@@ -139,8 +142,13 @@ def _w8a8_row_kernel(
     x_ptr, w_ptr, ws_ptr, xs_ptr, b_ptr, out_ptr,
     N, K, K_SPLIT, stride_xm, stride_om, stride_os,
     FP8: tl.constexpr, QMAX: tl.constexpr, STATIC: tl.constexpr, HAS_BIAS: tl.constexpr,
-    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr = False,
+    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, AMAX_BLOCK: tl.constexpr, LATE_REDUCE: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
+    """One row and a strip of BLOCK_N output features per program (a K range of it when K is split). The row's
+    scale comes first: max|x_row| in AMAX_BLOCK-wide loads (x is in L2, so few wide loads beat many serial ones
+    before the first weight byte is asked for). LATE_REDUCE keeps a [BLOCK_N, BLOCK_K] fp32 sum and reduces it
+    across threads once, after the walk, instead of once per K tile."""
     pdl.enter(PDL)
     pid_m, pid_n, pid_k = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     x_row = x_ptr + pid_m.to(tl.int64) * stride_xm
@@ -148,9 +156,10 @@ def _w8a8_row_kernel(
     if STATIC:
         s_x = tl.load(xs_ptr)
     else:  # max|x_row| / QMAX (at least 1e-12 / QMAX)
-        amax = tl.zeros((BLOCK_K,), dtype=tl.float32)
-        for k0 in range(0, K, BLOCK_K):
-            amax = tl.maximum(amax, tl.abs(tl.load(x_row + k0 + offs_k, mask=k0 + offs_k < K, other=0.0).to(tl.float32)))
+        offs_a = tl.arange(0, AMAX_BLOCK)
+        amax = tl.zeros((AMAX_BLOCK,), dtype=tl.float32)
+        for k0 in range(0, K, AMAX_BLOCK):
+            amax = tl.maximum(amax, tl.abs(tl.load(x_row + k0 + offs_a, mask=k0 + offs_a < K, other=0.0).to(tl.float32)))
         s_x = tl.maximum(tl.max(amax, axis=0), 1e-12) / QMAX
     inv = 1.0 / s_x  # one division a program, a multiply an element
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -159,6 +168,8 @@ def _w8a8_row_kernel(
     k_start = pid_k * K_SPLIT
     k_end = tl.minimum(k_start + K_SPLIT, K)
     acc = tl.zeros((BLOCK_N,), dtype=tl.float32)
+    if LATE_REDUCE:
+        acc2 = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
     for k0 in range(k_start, k_end, BLOCK_K):
         kk = k0 + offs_k
         mask_k = kk < K
@@ -166,7 +177,12 @@ def _w8a8_row_kernel(
         xq = _quantize(x * inv, FP8, QMAX)
         w = tl.load(w_rows + kk[None, :], mask=mask_n[:, None] & mask_k[None, :], other=0.0)
         wf = w.to(tl.float32) if FP8 else _int8_to_float(w)
-        acc += tl.sum(wf * xq[None, :], axis=1)
+        if LATE_REDUCE:
+            acc2 += wf * xq[None, :]
+        else:
+            acc += tl.sum(wf * xq[None, :], axis=1)
+    if LATE_REDUCE:
+        acc = tl.sum(acc2, axis=1)
     acc = acc * (tl.load(ws_ptr + offs_n, mask=mask_n, other=0.0) * s_x)
     if HAS_BIAS:
         acc += tl.load(b_ptr + offs_n, mask=mask_n, other=0.0).to(tl.float32)
@@ -265,8 +281,8 @@ def quantize_rows(x: torch.Tensor, qtype: torch.dtype, input_scale: torch.Tensor
 
 
 def _row_walk(x, weight, weight_scale, bias, input_scale, y, config: tuple) -> torch.Tensor:
-    """Up to MAX_ROW_WALK_ROWS rows (any number with a "walk" config): config ("walk" | "dot", BLOCK_N, BLOCK_K,
-    num_warps, num_stages); a bare 4-tuple is a "walk" one."""
+    """Up to MAX_ROW_WALK_ROWS rows (any number with a walk config): config ("walk" | "lwalk" | "dot", BLOCK_N,
+    BLOCK_K, num_warps, num_stages); a bare 4-tuple is a "walk" one; "lwalk" is the walk with LATE_REDUCE."""
     kind, block_n, block_k, warps, stages = config if len(config) == 5 else ("walk", *config)
     dot = kind == "dot" and x.shape[0] <= MAX_ROW_WALK_ROWS
     m, k = x.shape
@@ -288,8 +304,10 @@ def _row_walk(x, weight, weight_scale, bias, input_scale, y, config: tuple) -> t
     if dot:
         _w8a8_dot_kernel[(tiles, split)](*args, m, n, k, k_split, x.stride(0), n, m * n,
                                          BLOCK_M=MAX_ROW_WALK_ROWS, **meta)
-    else:
-        _w8a8_row_kernel[(m, tiles, split)](*args, n, k, k_split, x.stride(0), n, m * n, **meta)
+    else:  # the scale's loads: 16 elements a thread, as wide as x's row (a power of 2)
+        amax_block = min(triton.next_power_of_2(k), max(block_k, 16 * 32 * warps))
+        _w8a8_row_kernel[(m, tiles, split)](*args, n, k, k_split, x.stride(0), n, m * n, AMAX_BLOCK=amax_block,
+                                            LATE_REDUCE=kind == "lwalk", **meta)
     if split > 1:
         _sum_splits(dst, bias, y)
     return y
@@ -333,7 +351,7 @@ def scaled_linear(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Ten
     y = _output(x, n, out) if kind != "cublas" or out is not None or weight.dtype == torch.int8 else None
     if m == 0:
         return y
-    if kind in ("walk", "dot"):
+    if kind in ("walk", "lwalk", "dot"):
         return _row_walk(x, weight, weight_scale, bias, input_scale, y, config)
     xq, xs = quantize_rows(x, weight.dtype, input_scale)
     if kind == "gemm":

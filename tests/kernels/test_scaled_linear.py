@@ -67,6 +67,8 @@ def test_scaled_linear_matches_ref(dtype, device, rel_err, qtype, m, static):
     assert rel_err(y, ref) < (2e-2 if dtype == torch.bfloat16 else 2e-3)
     walk = scaled_linear(x, w, ws, bias, scale, force_walk=True, config=(16, 32, 4, 2))  # K split in 3
     assert rel_err(walk, ref) < (2e-2 if dtype == torch.bfloat16 else 2e-3)
+    late = scaled_linear(x, w, ws, bias, scale, force_walk=True, config=("lwalk", 16, 32, 4, 2))
+    assert rel_err(late, ref) < (2e-2 if dtype == torch.bfloat16 else 2e-3)
     if m <= MAX_ROW_WALK_ROWS:
         # tensor cores: all rows in one program, int32 (int8) or fp32 (fp8) accumulation, K split in 3
         dot = scaled_linear(x, w, ws, bias, scale, force_walk=True, config=("dot", 16, 32, 4, 2))
@@ -74,6 +76,22 @@ def test_scaled_linear_matches_ref(dtype, device, rel_err, qtype, m, static):
     # rows quantized first, then the fused GEMM: partial tiles in M (m % 16), N (80 % 64) and K (96 % 64)
     gemm = scaled_linear(x, w, ws, bias, scale, config=("gemm", 16, 64, 64, 4, 2))
     assert gemm.dtype == dtype and rel_err(gemm, ref) < (2e-2 if dtype == torch.bfloat16 else 2e-3)
+
+
+@pytest.mark.parametrize("qtype", QTYPES)
+@pytest.mark.parametrize("kind", ["walk", "lwalk"])
+def test_row_scale_from_several_wide_loads(dtype, device, rel_err, qtype, kind):
+    # one warp loads x's row 512 elements at a time for its scale: K = 1100 takes three loads, the last partial,
+    # and each row's largest value sits in a different one (a load left out changes that row's scale)
+    torch.manual_seed(7)
+    k, n = 1100, 24
+    w, ws = _weight(n, k, qtype, device)
+    x = torch.randn(3, k)
+    x[0, 3], x[1, 700], x[2, 1099] = 25.0, -40.0, 60.0
+    x = x.to(device=device, dtype=dtype)
+    ref = scaled_linear_ref(x, w, ws)
+    out = scaled_linear(x, w, ws, force_walk=True, config=(kind, 16, 64, 1, 2))
+    assert rel_err(out, ref) < (2e-2 if dtype == torch.bfloat16 else 2e-3)
 
 
 @pytest.mark.parametrize("qtype", QTYPES)
