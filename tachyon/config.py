@@ -293,6 +293,11 @@ _PROMPT_LOOKUP_MIN, _PROMPT_LOOKUP_MAX = 2, 4  # n-gram lengths when not given
 DEFAULT_SPEC_BACKOFF_MAX_STEPS = 32  # a proposer that is never right costs one verification per ~33 steps
 
 
+def _is_int(value) -> bool:
+    """An int that is not a bool (JSON's true is Python's True, an int)."""
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
 @dataclass(slots=True, frozen=True)
 class SpeculativeConfig:
     """Speculative decoding (vLLM's `--speculative-config` shape): each step, a proposer guesses up to
@@ -343,7 +348,7 @@ class SpeculativeConfig:
             raise ValueError(f"speculative_config method {method!r} is not supported; use one of "
                              f"{list(SPECULATIVE_METHODS)}")
         k = value.get("num_speculative_tokens")
-        if not isinstance(k, int) or k < 1:
+        if not _is_int(k) or k < 1:
             raise ValueError(f"speculative_config num_speculative_tokens={k!r}: give an integer >= 1")
         lo = value.get("prompt_lookup_min")
         hi = value.get("prompt_lookup_max")
@@ -351,7 +356,7 @@ class SpeculativeConfig:
             lo = min(hi, _PROMPT_LOOKUP_MIN)
         lo = _PROMPT_LOOKUP_MIN if lo is None else lo
         hi = max(lo, _PROMPT_LOOKUP_MAX) if hi is None else hi
-        if not (isinstance(lo, int) and isinstance(hi, int) and 1 <= lo <= hi):
+        if not (_is_int(lo) and _is_int(hi) and 1 <= lo <= hi):
             raise ValueError(f"speculative_config prompt_lookup_min={lo!r}, prompt_lookup_max={hi!r}: give "
                              f"integers with 1 <= min <= max")
         model = value.get("model")
@@ -361,11 +366,11 @@ class SpeculativeConfig:
         if method == "ngram" and model:
             raise ValueError('speculative_config method "ngram" takes no "model"; use "draft_model" for a draft')
         by_batch = value.get("disable_by_batch_size")
-        if by_batch is not None and (not isinstance(by_batch, int) or isinstance(by_batch, bool) or by_batch < 1):
+        if by_batch is not None and (not _is_int(by_batch) or by_batch < 1):
             raise ValueError(f"speculative_config disable_by_batch_size={by_batch!r}: give an integer >= 1 (steps "
                              f"with that many running sequences or more do not speculate), or leave it out")
         backoff = value.get("backoff_max_steps", DEFAULT_SPEC_BACKOFF_MAX_STEPS)
-        if not isinstance(backoff, int) or isinstance(backoff, bool) or backoff < 0:
+        if not _is_int(backoff) or backoff < 0:
             raise ValueError(f"speculative_config backoff_max_steps={backoff!r}: give an integer >= 0 (0: a "
                              f"sequence speculates every step however often its proposals are rejected)")
         return cls(method, k, hi, lo, model, by_batch, backoff)

@@ -305,6 +305,8 @@ def test_disable_by_batch_size_turns_speculation_off_for_large_steps():
     ('{"method": "ngram", "num_speculative_tokens": 2, "disable_by_batch_size": 0}', "disable_by_batch_size=0"),
     ('{"method": "ngram", "num_speculative_tokens": 2, "backoff_max_steps": -1}', "backoff_max_steps=-1"),
     ('{"method": "ngram", "num_speculative_tokens": 2, "backoff_max_steps": true}', "backoff_max_steps=True"),
+    ('{"method": "ngram", "num_speculative_tokens": true}', "num_speculative_tokens=True"),  # JSON true is no count
+    ('{"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_max": true}', "prompt_lookup_max=True"),
 ])
 def test_speculative_config_errors_say_what_to_change(value, message):
     with pytest.raises(ValueError, match=None) as e:
