@@ -67,8 +67,9 @@ def test_scaled_linear_matches_ref(dtype, device, rel_err, qtype, m, static):
     assert rel_err(y, ref) < (2e-2 if dtype == torch.bfloat16 else 2e-3)
     walk = scaled_linear(x, w, ws, bias, scale, force_walk=True, config=(16, 32, 4, 2))  # K split in 3
     assert rel_err(walk, ref) < (2e-2 if dtype == torch.bfloat16 else 2e-3)
-    late = scaled_linear(x, w, ws, bias, scale, force_walk=True, config=("lwalk", 16, 32, 4, 2))
-    assert rel_err(late, ref) < (2e-2 if dtype == torch.bfloat16 else 2e-3)
+    if m <= 3:  # (the late reduce is inside each program: more rows only repeat it)
+        late = scaled_linear(x, w, ws, bias, scale, force_walk=True, config=("lwalk", 16, 32, 4, 2))
+        assert rel_err(late, ref) < (2e-2 if dtype == torch.bfloat16 else 2e-3)
     if m <= MAX_ROW_WALK_ROWS:
         # tensor cores: all rows in one program, int32 (int8) or fp32 (fp8) accumulation, K split in 3
         dot = scaled_linear(x, w, ws, bias, scale, force_walk=True, config=("dot", 16, 32, 4, 2))
