@@ -43,7 +43,7 @@ SHAPES = [  # (model, layer, N, K)
     ("llama3-70b", "qkv", 10240, 8192), ("llama3-70b", "o", 8192, 8192),
     ("llama3-70b", "gate_up", 57344, 8192), ("llama3-70b", "down", 8192, 28672),
 ]
-ROWS = [1, 2, 4, 16, 64, 256, 2048]  # every row bucket: one_row, few, few, skinny, gemm, gemm, prefill
+ROWS = [1, 2, 4, 5, 16, 64, 256, 2048]  # every row bucket: one_row, few, few, skinny (5: a k = 4 verification), skinny, gemm, gemm, prefill
 CHECK_ROWS = [1, 16, 64]
 GROUP = 128
 L2_DEFEAT_BYTES = 256 << 20

@@ -10,7 +10,8 @@ Kernels per format; the config (and the row bucket's list of them) picks one:
 - BLOCK_M 1 (INT8 at one row): a program walks K for a strip of BLOCK_N outputs with wide loads of the packed
   weight, unpacks it in registers (bit tricks, no int-to-float conversions) and accumulates with fp32 FMAs;
 - "gemv" (INT4 at 1..4 rows, _awq_gemv_kernel): columns along lanes, the K sum kept inside each thread, a program
-  per row (the rows of one column tile run side by side, so the weight comes from DRAM once);
+  per row (the rows of one column tile run side by side, so the weight comes from DRAM once); "rgemv"
+  (_awq_gemv_rows_kernel) the same walk with up to ROWS rows in one program, each word unpacked once for all;
 - BLOCK_M 16 and larger (the skinny and GEMM tiles): the weight tile is dequantized in registers to x's dtype and
   fed to tl.dot with fp32 accumulation. INT8 applies its scale after the K loop; an INT4 tile never crosses a group
   (BLOCK_K divides G), so it has one scale and zero row;
@@ -49,6 +50,8 @@ from tachyon.kernels.quant_ref import (  # noqa: F401  (the layouts and referenc
 # 0: exact magic-number unpack (LOP3 + FADD + FFMA a value), 1: int-to-float, 2: no FADD (the 2**23 offsets come
 # off once a tile, ~1e-5 relative; fp32 activations take 0 instead). A GPU with a measured table
 # (quant_tuned/<device>.json, from benchmarks/quant_kernels.py --write-tuned) takes its per-shape configs.
+# ("rgemv", BLOCK_P, BLOCK_K, num_warps, ROWS, unpack) walks ROWS rows in one program (a speculative verification's
+# 1 + k tokens, a small batch): one load and unpack of each word, ROWS FFMAs a value.
 # An INT4 entry ("dequant", BLOCK_K, BLOCK_N, num_warps) dequantizes the whole weight to x's dtype (one pass,
 # _awq_dequant_kernel) and multiplies with cuBLAS: 4.5 bytes a weight instead of 0.5, paid back at many rows.
 INT8_CONFIGS = {
@@ -62,15 +65,19 @@ INT8_CONFIGS = {
 _GEMV_FEW = [("gemv", 128, 64, 4, False, 2), ("gemv", 128, 32, 4, False, 2), ("gemv", 64, 32, 1, False, 2),
              ("gemv", 32, 32, 1, False, 2)]
 _DEQUANT = [("dequant", 32, 256, 4), ("dequant", 64, 128, 4), ("dequant", 32, 512, 8)]
+_RGEMV_FEW = [("rgemv", 128, 32, 4, 4, 2), ("rgemv", 128, 16, 4, 4, 2), ("rgemv", 64, 32, 2, 4, 2),
+              ("rgemv", 128, 32, 4, 2, 2)]
+_RGEMV_SKINNY = [("rgemv", 128, 16, 4, 8, 2), ("rgemv", 128, 32, 4, 8, 2), ("rgemv", 64, 16, 2, 8, 2),
+                 ("rgemv", 128, 16, 4, 16, 2)]
 AWQ_CONFIGS = {
     "one_row": [("gemv", 256, 32, 4, False, 2), ("gemv", 128, 64, 4, False, 2), ("gemv", 256, 64, 4, False, 2),
                 ("gemv", 512, 32, 4, False, 2), ("gemv", 128, 32, 4, False, 2), ("gemv", 256, 32, 8, False, 2),
                 ("gemv", 64, 32, 1, False, 2), ("gemv", 32, 32, 1, False, 2), ("gemv", 128, 32, 4, True, 2),
                 ("gemv", 128, 64, 4, False, 0), ("gemv", 256, 32, 8, False, 0), ("gemv", 128, 32, 4, False, 0),
                 ("gemv", 32, 32, 1, False, 0), ("gemv", 128, 32, 4, False, 1), (1, 128, 64, 0, 4, 4, True)],
-    "few": _GEMV_FEW + [(16, 128, 128, 0, 4, 3), (16, 64, 128, 0, 4, 4)] + _DEQUANT[:1],
+    "few": _GEMV_FEW + [(16, 128, 128, 0, 4, 3), (16, 64, 128, 0, 4, 4)] + _DEQUANT[:1] + _RGEMV_FEW,
     "skinny": [(16, 128, 128, 0, 4, 3), (16, 64, 128, 0, 4, 4), (16, 256, 64, 0, 8, 3), (16, 32, 128, 0, 4, 4)]
-              + _GEMV_FEW[:2] + _DEQUANT,
+              + _GEMV_FEW[:2] + _DEQUANT + _RGEMV_SKINNY,
     "gemm": [(64, 128, 64, 0, 4, 3), (64, 64, 128, 0, 4, 4), (128, 128, 64, 0, 8, 3), (128, 256, 64, 1, 8, 3)]
             + _DEQUANT,
     "prefill": _DEQUANT + [(128, 128, 64, 0, 8, 3), (128, 256, 64, 1, 8, 3)],
@@ -310,12 +317,13 @@ def _awq_kernel(
 
 
 @triton.jit
-def _nibble_dot(q, x, magic, J: tl.constexpr, UNPACK: tl.constexpr):
-    """q [P, BLOCK_K] packed words (uint32, transposed), x [1, BLOCK_K] fp32 -> [P]: sum over the rows of nibble J of q times
-    x, times 2**b, b the nibble's bit in the word it is read from; the 2**-b goes on the partial sum afterwards.
+def _nibble(q, magic, J: tl.constexpr, UNPACK: tl.constexpr):
+    """q [P, BLOCK_K] packed words (uint32, transposed) -> fp32 [P, BLOCK_K]: nibble J of each word times 2**b, b the
+    nibble's bit in the word it is read from (the 2**-b goes on the partial sum afterwards).
     UNPACK 0: the nibble under 2**23's exponent bits, (q & mask | magic) as a float minus 2**23 (nibbles 5..7 from
-    q >> 12): one LOP3 (magic is a runtime value, so it sits in a register beside the mask immediate), one FADD,
-    one FFMA per value. UNPACK 1: (q & mask) converted to float (I2FP), one FFMA."""
+    q >> 12): one LOP3 (magic is a runtime value, so it sits in a register beside the mask immediate), one FADD
+    per value. UNPACK 1: (q & mask) converted to float (I2FP). UNPACK 2: 2**23 + v 2**b, no FADD (_tile_term takes
+    the 2**23 off a tile's sum)."""
     if UNPACK == 0:
         if J < 5:
             w = (q & (0xF << (4 * J))) | magic
@@ -325,8 +333,14 @@ def _nibble_dot(q, x, magic, J: tl.constexpr, UNPACK: tl.constexpr):
     elif UNPACK == 1:
         f = (q & (0xF << (4 * J))).to(tl.float32)
     else:
-        f = (_nibble_at_12_or_16(q, J) | magic).to(tl.float32, bitcast=True)  # 2**23 + v 2**b: _tile_term takes 2**23 off
-    return tl.sum(f * x, axis=1)
+        f = (_nibble_at_12_or_16(q, J) | magic).to(tl.float32, bitcast=True)
+    return f
+
+
+@triton.jit
+def _nibble_dot(q, x, magic, J: tl.constexpr, UNPACK: tl.constexpr):
+    """[P]: sum over a tile's BLOCK_K rows of `_nibble` times x [1, BLOCK_K] (one FFMA a value)."""
+    return tl.sum(_nibble(q, magic, J, UNPACK) * x, axis=1)
 
 
 @triton.jit
@@ -345,20 +359,41 @@ def _nibble_at_12_or_16(q, J: tl.constexpr):
 
 
 @triton.jit
-def _tile_term(q, x, xsum, zw, s_row, offs_p, mask_p, magic, J: tl.constexpr, UNPACK: tl.constexpr):
-    """A tile's contribution to outputs 8p + J, [P]: s * (sum_k q x - z * sum_k x); the tile is inside one group."""
+def _nibble_bit(J: tl.constexpr, UNPACK: tl.constexpr):
+    """b of `_nibble`: where nibble J sits in the word it is read from."""
     if UNPACK == 2:
         B: tl.constexpr = 12 + 4 * (J % 2)
     elif J < 5 or UNPACK == 1:
         B: tl.constexpr = 4 * J
     else:
         B: tl.constexpr = 4 * J - 12
+    return B
+
+
+@triton.jit
+def _tile_term(q, x, xsum, zw, s_row, offs_p, mask_p, magic, J: tl.constexpr, UNPACK: tl.constexpr):
+    """A tile's contribution to outputs 8p + J, [P]: s * (sum_k q x - z * sum_k x); the tile is inside one group."""
+    B: tl.constexpr = _nibble_bit(J, UNPACK)
     dot = _nibble_dot(q, x, magic, J, UNPACK) * (1.0 / (1 << B))
     z = ((zw >> (4 * J)) & 0xF).to(tl.float32)
     if UNPACK == 2:  # the dot also holds 2**23 * 2**-B * sum x: exact powers of two, taken off with z
         z += 1 << (23 - B)
     s = tl.load(s_row + offs_p * 8 + J, mask=mask_p, other=0.0).to(tl.float32)
     return s * (dot - z * xsum)
+
+
+@triton.jit
+def _rows_tile_term(q, x, xsum, zw, s_row, offs_p, mask_p, magic, J: tl.constexpr, UNPACK: tl.constexpr):
+    """`_tile_term` for ROWS rows at once, [P, ROWS]: x [ROWS, BLOCK_K], xsum [ROWS]; the nibble is unpacked once
+    and multiplied into every row (ROWS FFMAs a value)."""
+    B: tl.constexpr = _nibble_bit(J, UNPACK)
+    f = _nibble(q, magic, J, UNPACK)
+    dot = tl.sum(f[:, None, :] * x[None, :, :], axis=2) * (1.0 / (1 << B))
+    z = ((zw >> (4 * J)) & 0xF).to(tl.float32)
+    if UNPACK == 2:
+        z += 1 << (23 - B)
+    s = tl.load(s_row + offs_p * 8 + J, mask=mask_p, other=0.0).to(tl.float32)
+    return s[:, None] * (dot - z[:, None] * xsum[None, :])
 
 
 @triton.jit
@@ -433,6 +468,72 @@ def _awq_gemv_kernel(
     _store_col(out_row, b_ptr, acc5, offs_p, mask_p, HAS_BIAS, 5)
     _store_col(out_row, b_ptr, acc6, offs_p, mask_p, HAS_BIAS, 6)
     _store_col(out_row, b_ptr, acc7, offs_p, mask_p, HAS_BIAS, 7)
+
+
+@triton.jit
+def _store_rows_col(out_rows, b_ptr, y, offs_p, mask_p, mask_r, HAS_BIAS: tl.constexpr, J: tl.constexpr):
+    if HAS_BIAS:
+        y += tl.load(b_ptr + offs_p * 8 + J, mask=mask_p, other=0.0).to(tl.float32)[:, None]
+    tl.store(out_rows + offs_p[:, None] * 8 + J, y.to(out_rows.dtype.element_ty), mask=mask_p[:, None] & mask_r[None, :])
+
+
+@triton.jit
+def _awq_gemv_rows_kernel(
+    x_ptr, qw_ptr, qz_ptr, s_ptr, b_ptr, out_ptr,
+    M, N, N8, K, K_SPLIT, stride_xm, stride_om, stride_os, magic,
+    GROUP: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_K: tl.constexpr, ROWS: tl.constexpr,
+    UNPACK: tl.constexpr, VEC: tl.constexpr, PDL: tl.constexpr = False,
+):
+    """`_awq_gemv_kernel` for ROWS rows in one program (program axis 0: a group of ROWS rows): each packed word is
+    loaded and unpacked once and its values multiplied into every row, so a verification of k proposed tokens or a
+    small batch reads and unpacks the weight once instead of once a row. Accumulators [BLOCK_P, ROWS] per nibble."""
+    pdl.enter(PDL)
+    pid_m, pid_n, pid_k = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    offs_p = pid_n * BLOCK_P + tl.arange(0, BLOCK_P)
+    offs_p = tl.max_contiguous(tl.multiple_of(offs_p, VEC), VEC)
+    mask_p = offs_p < N8
+    offs_r = pid_m * ROWS + tl.arange(0, ROWS)
+    mask_r = offs_r < M
+    offs_k = tl.arange(0, BLOCK_K)
+    w_ptrs = qw_ptr + offs_k.to(tl.int64)[None, :] * N8 + offs_p[:, None]  # [P, BLOCK_K]
+    x_rows = x_ptr + offs_r.to(tl.int64)[:, None] * stride_xm + offs_k[None, :]  # [ROWS, BLOCK_K]
+    k_start = pid_k * K_SPLIT
+    k_end = tl.minimum(k_start + K_SPLIT, K)  # K_SPLIT and K are multiples of GROUP, GROUP of BLOCK_K
+    acc0 = tl.zeros((BLOCK_P, ROWS), dtype=tl.float32)
+    acc1 = tl.zeros((BLOCK_P, ROWS), dtype=tl.float32)
+    acc2 = tl.zeros((BLOCK_P, ROWS), dtype=tl.float32)
+    acc3 = tl.zeros((BLOCK_P, ROWS), dtype=tl.float32)
+    acc4 = tl.zeros((BLOCK_P, ROWS), dtype=tl.float32)
+    acc5 = tl.zeros((BLOCK_P, ROWS), dtype=tl.float32)
+    acc6 = tl.zeros((BLOCK_P, ROWS), dtype=tl.float32)
+    acc7 = tl.zeros((BLOCK_P, ROWS), dtype=tl.float32)
+    w_ptrs += k_start.to(tl.int64) * N8
+    step = BLOCK_K * N8
+    for k0 in range(k_start, k_end, BLOCK_K):
+        q = tl.load(w_ptrs, mask=mask_p[:, None], other=0).to(tl.uint32, bitcast=True)
+        w_ptrs += step
+        x = tl.load(x_rows + k0, mask=mask_r[:, None], other=0.0).to(tl.float32)
+        xsum = tl.sum(x, axis=1)
+        g = k0 // GROUP
+        zw = tl.load(qz_ptr + g * N8 + offs_p, mask=mask_p, other=0).to(tl.uint32, bitcast=True)
+        s_row = s_ptr + g.to(tl.int64) * N
+        acc0 += _rows_tile_term(q, x, xsum, zw, s_row, offs_p, mask_p, magic, 0, UNPACK)
+        acc1 += _rows_tile_term(q, x, xsum, zw, s_row, offs_p, mask_p, magic, 1, UNPACK)
+        acc2 += _rows_tile_term(q, x, xsum, zw, s_row, offs_p, mask_p, magic, 2, UNPACK)
+        acc3 += _rows_tile_term(q, x, xsum, zw, s_row, offs_p, mask_p, magic, 3, UNPACK)
+        acc4 += _rows_tile_term(q, x, xsum, zw, s_row, offs_p, mask_p, magic, 4, UNPACK)
+        acc5 += _rows_tile_term(q, x, xsum, zw, s_row, offs_p, mask_p, magic, 5, UNPACK)
+        acc6 += _rows_tile_term(q, x, xsum, zw, s_row, offs_p, mask_p, magic, 6, UNPACK)
+        acc7 += _rows_tile_term(q, x, xsum, zw, s_row, offs_p, mask_p, magic, 7, UNPACK)
+    out_rows = out_ptr + pid_k.to(tl.int64) * stride_os + offs_r.to(tl.int64)[None, :] * stride_om
+    _store_rows_col(out_rows, b_ptr, acc0, offs_p, mask_p, mask_r, HAS_BIAS, 0)
+    _store_rows_col(out_rows, b_ptr, acc1, offs_p, mask_p, mask_r, HAS_BIAS, 1)
+    _store_rows_col(out_rows, b_ptr, acc2, offs_p, mask_p, mask_r, HAS_BIAS, 2)
+    _store_rows_col(out_rows, b_ptr, acc3, offs_p, mask_p, mask_r, HAS_BIAS, 3)
+    _store_rows_col(out_rows, b_ptr, acc4, offs_p, mask_p, mask_r, HAS_BIAS, 4)
+    _store_rows_col(out_rows, b_ptr, acc5, offs_p, mask_p, mask_r, HAS_BIAS, 5)
+    _store_rows_col(out_rows, b_ptr, acc6, offs_p, mask_p, mask_r, HAS_BIAS, 6)
+    _store_rows_col(out_rows, b_ptr, acc7, offs_p, mask_p, mask_r, HAS_BIAS, 7)
 
 
 @triton.jit
@@ -533,7 +634,11 @@ def gemv_split_k(col_tiles: int, groups: int, partial_bytes: int, weight_bytes: 
 
 
 def _launch_awq_gemv(x, qweight, qzeros, scales, group_size: int, bias, y, cfg: tuple) -> torch.Tensor:
+    """A "gemv" config (a program per row) or an "rgemv" one: ("rgemv", BLOCK_P, BLOCK_K, num_warps, ROWS, unpack),
+    ROWS rows a program (`_awq_gemv_rows_kernel`; one row walks as "gemv" does)."""
+    rows = cfg[4] if cfg[0] == "rgemv" else 1
     _, block_p, block_k, warps, prefetch = cfg[:5]
+    prefetch = prefetch if cfg[0] == "gemv" else False
     unpack = cfg[5] if len(cfg) > 5 else 0
     if unpack == 2 and x.dtype == torch.float32:
         unpack = 0  # UNPACK 2 cancels 2**23 * sum x after the dot (~1e-4 relative): fp32 activations get the exact walk
@@ -550,12 +655,21 @@ def _launch_awq_gemv(x, qweight, qzeros, scales, group_size: int, bias, y, cfg: 
     k_split = triton.cdiv(groups, split) * group_size
     split = triton.cdiv(k, k_split)
     dst = y if split == 1 else torch.empty(split, m, n, dtype=torch.float32, device=x.device)
-    _awq_gemv_kernel[(m, tiles, split)](
-        x, qweight, qzeros, scales, bias if bias is not None else y, dst, n, n8, k, k_split,
-        x.stride(0), n, m * n, 0x4B000000, GROUP=group_size, HAS_BIAS=bias is not None and split == 1,
-        BLOCK_P=block_p, BLOCK_K=block_k, PREFETCH=bool(prefetch), UNPACK=unpack, VEC=vec, num_warps=warps, num_stages=1,
-        **pdl.launch_args(),
-    )
+    if rows > 1 and m > 1:
+        rows = min(rows, triton.next_power_of_2(m))
+        _awq_gemv_rows_kernel[(triton.cdiv(m, rows), tiles, split)](
+            x, qweight, qzeros, scales, bias if bias is not None else y, dst, m, n, n8, k, k_split,
+            x.stride(0), n, m * n, 0x4B000000, GROUP=group_size, HAS_BIAS=bias is not None and split == 1,
+            BLOCK_P=block_p, BLOCK_K=block_k, ROWS=rows, UNPACK=unpack, VEC=vec, num_warps=warps, num_stages=1,
+            **pdl.launch_args(),
+        )
+    else:
+        _awq_gemv_kernel[(m, tiles, split)](
+            x, qweight, qzeros, scales, bias if bias is not None else y, dst, n, n8, k, k_split,
+            x.stride(0), n, m * n, 0x4B000000, GROUP=group_size, HAS_BIAS=bias is not None and split == 1,
+            BLOCK_P=block_p, BLOCK_K=block_k, PREFETCH=bool(prefetch), UNPACK=unpack, VEC=vec, num_warps=warps,
+            num_stages=1, **pdl.launch_args(),
+        )
     if split > 1:
         _sum_splits(dst, bias, y)
     return y
@@ -625,7 +739,7 @@ def awq_linear(x: torch.Tensor, qweight: torch.Tensor, qzeros: torch.Tensor, sca
         return y
     cfg = config if config is not None else default_config("awq", x.shape[0], n, k, x.device, group_size)
     groups = k // group_size
-    if cfg[0] == "gemv":
+    if cfg[0] in ("gemv", "rgemv"):
         return _launch_awq_gemv(x, qweight, qzeros, scales, group_size, bias, y, cfg)
     if cfg[0] == "dequant":
         return _awq_via_dense(x, qweight, qzeros, scales, group_size, bias, y, cfg)

@@ -190,6 +190,24 @@ def test_awq_gemv_every_config_with_k_split(device, rel_err, n):
     assert gemv_split_k(col_tiles=600, groups=16, partial_bytes=4, weight_bytes=10**6, num_sms=132) == 1
 
 
+@pytest.mark.parametrize("m,rows,unpack", [(3, 4, 2), (5, 4, 0), (16, 8, 2), (2, 16, 1)])
+def test_awq_rows_walk_matches_ref(dtype, device, rel_err, m, rows, unpack):
+    # ROWS rows a program: a partial last group of rows (3 of 4, 5 = 4 + 1), two full ones (16 = 8 + 8), a group
+    # clipped to the rows there are (2 of 16); K split in several ranges (16 groups of 32), a partial column tile
+    # (41 packed columns), a bias, strided rows of x; outputs left unwritten stay NaN and fail the comparison
+    torch.manual_seed(m * 3 + rows)
+    k, n, g = 512, 328, 32
+    q, z, s = _random_awq(k, n, g, dtype, device)
+    qw, qz = pack_int4(q).to(device), pack_int4(z).to(device)
+    x = _strided(m, k, dtype, device)
+    b = torch.randn(n).to(device=device, dtype=dtype)
+    ref = awq_linear_ref(x, qw, qz, s, g, b)
+    out = torch.full((m, n), float("nan"), dtype=dtype, device=device)
+    assert awq_linear(x, qw, qz, s, g, b, config=("rgemv", 32, 32, 1, rows, unpack), out=out) is out
+    assert rel_err(out, ref) <= TOL[dtype]
+    assert any(c[0] == "rgemv" for c in AWQ_CONFIGS["few"]) and any(c[0] == "rgemv" for c in AWQ_CONFIGS["skinny"])
+
+
 @pytest.mark.parametrize("m,bias", [(3, True), (520, False)])
 def test_awq_dequant_then_dense_matmul(dtype, device, rel_err, m, bias):
     # the "dequant" configs: the whole weight dequantized in one pass (exactly the reference's), then cuBLAS;
