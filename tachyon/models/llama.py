@@ -145,7 +145,7 @@ class LlamaForCausalLM(nn.Module):
         """Returns the final hidden states [T, hidden]; `compute_logits` turns selected rows into logits."""
         hidden = self.embed_tokens(input_ids)
         residual = None
-        for layer, kv in zip(self.layers, kv_caches):
+        for layer, kv in zip(self.layers, kv_caches, strict=True):
             hidden, residual = layer(positions, hidden, residual, kv, meta, backend, self.rotary)
         hidden, _ = self.norm(hidden, residual)
         return hidden

@@ -59,7 +59,7 @@ def test_embedded_matches_transformers_with_chunks_and_preemption(hf_embedded):
     max_tokens = [12 + (i % 4) * 4 for i in range(len(prompts))]
     got = _run_staggered(llm, prompts, max_tokens)
     assert llm.engine.scheduler.num_preemptions > 0, "the KV budget was meant to force preemptions"
-    for p, mt, g in zip(prompts, max_tokens, got):
+    for p, mt, g in zip(prompts, max_tokens, got, strict=True):
         assert g == hf_greedy(hf_embedded, p, mt), f"mismatch for prompt of {len(p)} tokens"
 
 
@@ -72,7 +72,7 @@ def test_tiny_families_match_transformers(tmp_path, family):
     max_tokens = [10 + (i % 3) * 5 for i in range(len(prompts))]
     got = _run_staggered(llm, prompts, max_tokens)
     assert llm.engine.scheduler.num_preemptions > 0
-    for p, mt, g in zip(prompts, max_tokens, got):
+    for p, mt, g in zip(prompts, max_tokens, got, strict=True):
         assert g == hf_greedy(hf, p, mt), f"{family}: mismatch for prompt of {len(p)} tokens"
 
 
@@ -102,4 +102,4 @@ def test_one_token_prefill_chunks(tmp_path):
     llm = LLM(model=str(tmp_path), max_num_batched_tokens=2, swap_space=0)
     prompts = [[11, 12, 13], list(range(40, 60))]
     got = _run_staggered(llm, prompts, [12, 6])
-    assert got == [hf_greedy(hf, p, n) for p, n in zip(prompts, [12, 6])]
+    assert got == [hf_greedy(hf, p, n) for p, n in zip(prompts, [12, 6], strict=True)]

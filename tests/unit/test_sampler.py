@@ -45,7 +45,7 @@ def test_logprobs_match_transformers_log_softmax(llm, hf_embedded):
         logits = hf_embedded(torch.tensor([ids + out.token_ids])).logits[0].float()
     ref = torch.log_softmax(logits, dim=-1)
     total = 0.0
-    for step, (tok, lp) in enumerate(zip(out.token_ids, out.logprobs)):
+    for step, (tok, lp) in enumerate(zip(out.token_ids, out.logprobs, strict=True)):
         row = ref[len(ids) - 1 + step]
         top = row.topk(5)
         assert set(lp) == set(top.indices.tolist()) | {tok}

@@ -23,7 +23,7 @@ class RunResult:
 class Backend(ABC):
     name = "base"
 
-    def load(self) -> None:
+    def load(self) -> None:  # noqa: B027  (an optional hook: a backend with nothing to build keeps it)
         """Build the model; records `startup_s`."""
 
     @property
@@ -49,7 +49,7 @@ class Backend(ABC):
     def memory(self) -> dict:
         return peak_memory()
 
-    def close(self) -> None:
+    def close(self) -> None:  # noqa: B027  (an optional hook: nothing to release by default)
         pass
 
 
