@@ -19,14 +19,8 @@ END=${END_S:-590}
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader  # (stdout only: 8 files come back)
 install_site
 gateway_overhead 80
-timeout 60 python -m pytest -q -p no:cacheprovider tests/kernels/test_scaled_linear.py tests/kernels/test_sampler_no_sync.py \
-  > "$OUT/gpu_tests.log" 2>&1
-tail -2 "$OUT/gpu_tests.log"; grep "^E   " "$OUT/gpu_tests.log" | sort | uniq -c | sort -rn | head -5 | cut -c1-200
-TUNED=tachyon/kernels/quant_tuned/$(python -c "import torch; print(torch.cuda.get_device_name().replace(' ', '_'))").json
-timeout 150 python benchmarks/scaled_kernels.py --models llama3-8b --rows 1,16,64,256,4096 --config-rows 1,4,16 \
-  --budget-s 130 --out "$OUT/scaled_kernels.json" --write-tuned "$TUNED" > "$OUT/scaled_kernels.log" 2>&1
-echo "scaled_kernels rc=$?"; cp "$TUNED" "$OUT/tuned_$(basename "$TUNED")"
-grep -E "^(walk|gemm)" "$OUT/scaled_kernels.log" | cut -c1-170
+gpu_tests 60 tests/kernels/test_scaled_linear.py tests/kernels/test_sampler_no_sync.py
+tune_scaled 150 1,16,64,256,4096 1,4,16
 perf_run 8b_fp8 --quantization fp8 --workloads single,throughput
 perf_run 8b_w8a8 --quantization w8a8 --workloads single,throughput
 perf_run 8b_fp8_kvfp8 --quantization fp8 --kv-cache-dtype fp8 --workloads throughput

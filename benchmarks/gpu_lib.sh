@@ -14,6 +14,22 @@ gateway_overhead() {  # timeout_s: issue 21's gateway vs direct at 64 streams (n
   echo "gateway rc=$?"; tail -7 "$OUT/gateway_overhead_16cores.md" 2>/dev/null | cut -c1-300
 }
 
+gpu_tests() {  # timeout_s, test files...: the tests on the card, a summary line and the commonest errors
+  local t=$1; shift
+  timeout "$t" python -m pytest -q -p no:cacheprovider "$@" > "$OUT/gpu_tests.log" 2>&1
+  tail -1 "$OUT/gpu_tests.log"; grep "^E   " "$OUT/gpu_tests.log" | sort | uniq -c | sort -rn | head -5 | cut -c1-200
+}
+
+tune_scaled() {  # timeout_s, rows, config rows: llama3-8b's fp8/w8a8 layers timed, the fastest configs merged into
+  # tachyon/kernels/quant_tuned/<GPU>.json (which the engine then reads; returned as $OUT/tuned_<GPU>.json)
+  local tuned
+  tuned=tachyon/kernels/quant_tuned/$(python -c "import torch; print(torch.cuda.get_device_name().replace(' ', '_'))").json
+  timeout "$1" python benchmarks/scaled_kernels.py --models llama3-8b --rows "$2" --config-rows "$3" \
+    --budget-s $(($1 - 20)) --out "$OUT/scaled_kernels.json" --write-tuned "$tuned" > "$OUT/scaled_kernels.log" 2>&1
+  echo "scaled_kernels rc=$?"; cp "$tuned" "$OUT/tuned_$(basename "$tuned")"
+  grep -E "^(walk|gemm)" "$OUT/scaled_kernels.log" | cut -c1-170
+}
+
 perf_run() {  # name, gpu_run.py perf args...: until END, skipped with under 60 s left
   local name=$1; shift
   [ $SECONDS -lt $((END - 60)) ] || { echo "== $name: no time left"; return; }

@@ -10,13 +10,8 @@ export PYTHONPATH=.
 END=${END_S:-330}
 . benchmarks/gpu_lib.sh
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader > "$OUT/gpu.txt"; cat "$OUT/gpu.txt"
-timeout 45 python -m pytest -q -p no:cacheprovider tests/kernels/test_scaled_linear.py > "$OUT/gpu_tests.log" 2>&1
-tail -1 "$OUT/gpu_tests.log"; grep "^E   " "$OUT/gpu_tests.log" | sort | uniq -c | sort -rn | head -5 | cut -c1-200
-TUNED=tachyon/kernels/quant_tuned/$(python -c "import torch; print(torch.cuda.get_device_name().replace(' ', '_'))").json
-timeout 120 python benchmarks/scaled_kernels.py --models llama3-8b --rows 1,16 --config-rows 1,4,16 \
-  --budget-s 100 --out "$OUT/scaled_kernels.json" --write-tuned "$TUNED" > "$OUT/scaled_kernels.log" 2>&1
-echo "scaled_kernels rc=$?"; cp "$TUNED" "$OUT/tuned_$(basename "$TUNED")"
-grep -E "^walk" "$OUT/scaled_kernels.log" | grep " 1 " | cut -c1-150
+gpu_tests 45 tests/kernels/test_scaled_linear.py
+tune_scaled 120 1,16 1,4,16
 perf_run 8b_fp8 --quantization fp8 --workloads single
 perf_run 8b_w8a8 --quantization w8a8 --workloads single
 perf_run 8b_fp8_tp --quantization fp8 --workloads throughput

@@ -10,9 +10,9 @@
 set -u
 export PYTHONPATH=.
 END=${END_S:-560}
+. benchmarks/gpu_lib.sh
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader > "$OUT/gpu.txt"; cat "$OUT/gpu.txt"
-timeout 90 python -m pytest -q -p no:cacheprovider tests/kernels/test_quant_linear.py -k "awq" > "$OUT/gpu_tests.log" 2>&1
-tail -1 "$OUT/gpu_tests.log"; grep "^E   " "$OUT/gpu_tests.log" | sort | uniq -c | sort -rn | head -5 | cut -c1-200
+gpu_tests 90 tests/kernels/test_quant_linear.py -k awq
 TUNED=tachyon/kernels/quant_tuned/$(python -c "import torch; print(torch.cuda.get_device_name().replace(' ', '_'))").json
 timeout 170 python benchmarks/quant_kernels.py --no-check --rows 2,4,5,16 --formats awq --budget-s 150 \
   --write-tuned "$TUNED" --out "$OUT/quant_kernels.json" > "$OUT/quant_kernels.log" 2>&1
@@ -37,4 +37,4 @@ if [ $SECONDS -lt $((END - 120)) ]; then
     --sweep-concurrency 1,16 --sweep-out 128 --out "$OUT/perf_70b_awq_sweep.json" > "$OUT/70b.log" 2>&1
   grep -E "startup|sweep|Error|Traceback" "$OUT/70b.log" | cut -c1-300 | grep -v gemv
 fi
-(cd "$OUT" && tar czf logs.tgz *.log && rm -f *.log); ls "$OUT"
+pack_logs
