@@ -485,6 +485,43 @@ def graph_kernel_profile(llm, batch: int) -> dict:
             "kernels": [{"name": k, "ms": round(ms, 4), "count": c} for k, ms, c in rows[:25]]}
 
 
+def step_kernel_profile(llm, req, tokens: int = 32) -> dict:
+    """Per-kernel GPU time of this process's rank over the decode steps that make `tokens` tokens of one request,
+    per step. With tensor parallelism the decode graphs cannot be replayed on rank 0 alone (its all-reduces wait
+    for peers that replay nothing), so this profiles the engine's own steps, which every rank runs."""
+    from torch.profiler import ProfilerActivity, profile
+
+    eng = llm.engine
+    eng.add_request("profile", None, req.prompt_token_ids, SamplingParams(temperature=0, max_tokens=tokens + 24,
+                                                                           ignore_eos=True))
+    got = 0
+
+    def advance(until: int) -> None:
+        nonlocal got
+        while eng.has_unfinished_requests() and got < until:
+            for o in eng.step():
+                got = len(o.outputs[0].token_ids)
+
+    with torch.inference_mode():
+        advance(8)  # the prefill and the first decodes stay outside
+        torch.cuda.synchronize()
+        start = got
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            advance(8 + tokens)
+            torch.cuda.synchronize()
+        steps = got - start
+        advance(1 << 30)
+    rows = []
+    for ev in prof.key_averages():
+        t = getattr(ev, "device_time_total", None) or getattr(ev, "cuda_time_total", 0)
+        if t > 0 and ev.key:
+            rows.append((ev.key[:90], t / 1e3 / max(steps, 1), ev.count / max(steps, 1)))
+    rows.sort(key=lambda r: -r[1])
+    return {"batch": 1, "decode_steps": steps, "total_kernel_ms": sum(r[1] for r in rows),
+            "num_kernels": sum(r[2] for r in rows), "per": "decode step (mean over the profiled steps)",
+            "kernels": [{"name": k, "ms": round(ms, 4), "count": round(c, 2)} for k, ms, c in rows[:25]]}
+
+
 def run_single(llm, req) -> dict:
     eng = llm.engine
     times = []
@@ -669,8 +706,9 @@ def cmd_perf(args) -> dict:
     llm = LLM(model=model_path, load_format="dummy", dtype="bfloat16", max_model_len=4096, quantization=args.quantization,
               max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
               enable_prefix_caching=True, swap_space=0, num_scheduler_steps=args.num_scheduler_steps,
-              enable_pdl=not args.no_pdl, kv_cache_dtype=args.kv_cache_dtype)
-    runner = llm.engine.runner
+              enable_pdl=not args.no_pdl, kv_cache_dtype=args.kv_cache_dtype,
+              tensor_parallel_size=args.tensor_parallel_size)
+    runner = llm.engine.runner  # rank 0's (in this process) with tensor parallelism: its shard, its kernels
     out["pdl"] = runner.pdl
     if runner.cuda_graphs is not None:
         out["pdl_graph_sizes"] = runner.cuda_graphs.pdl_sizes
@@ -678,7 +716,7 @@ def cmd_perf(args) -> dict:
     out["startup_s"] = time.perf_counter() - t
     out["startup_breakdown"] = runner.timings
     out["num_kv_blocks"] = llm.engine.kv.num_blocks
-    out["engine_config"] = {"max_num_seqs": args.max_num_seqs, "max_num_batched_tokens": args.max_num_batched_tokens,
+    out["engine_config"] = {"tensor_parallel_size": args.tensor_parallel_size, "max_num_seqs": args.max_num_seqs, "max_num_batched_tokens": args.max_num_batched_tokens,
                             "num_scheduler_steps": llm.engine.config.scheduler.num_scheduler_steps,
                             "max_model_len": 4096, "block_size": 16, "cuda_graph_sizes": runner.cuda_graphs.sizes
                             if runner.cuda_graphs else None}
@@ -703,15 +741,17 @@ def cmd_perf(args) -> dict:
         best = sorted(r, key=lambda x: x["decode_tok_s"])[1]
         mc = llm.engine.config.model
         kv_read = (len(req.prompt_token_ids) + req.output_len / 2) * mc.kv_bytes_per_token_per_dtype_byte * 2  # mean context
+        kv_read /= args.tensor_parallel_size  # each rank holds its share of the KV heads (8 for Llama 3 70B: TP <= 8)
         step_bytes = params - embed + kv_read
         ceiling = out["copy_bandwidth_TBps"] * 1e12 / step_bytes
         best["bytes_per_step_GB"] = step_bytes / 1e9
         best["ceiling_tok_s"] = ceiling
         best["fraction_of_ceiling"] = best["decode_tok_s"] / ceiling
         best["runs"] = [dict(x) for x in r]
-        best["graph_replay_ms_batch1"] = graph_replay_ms(llm, 1)
+        tp = args.tensor_parallel_size > 1  # rank 0's graphs cannot replay alone: profile real steps instead
+        best["graph_replay_ms_batch1"] = None if tp else graph_replay_ms(llm, 1)
         try:
-            best["graph_kernels_batch1"] = graph_kernel_profile(llm, 1)
+            best["graph_kernels_batch1"] = step_kernel_profile(llm, req) if tp else graph_kernel_profile(llm, 1)
         except Exception:
             best["graph_kernels_batch1"] = {"error": traceback.format_exc()}
         best["step_ms"] = 1e3 / best["decode_tok_s"]
@@ -743,7 +783,7 @@ def cmd_perf(args) -> dict:
             run_offline(llm, [type(r)(r.prompt_token_ids, 8) for r in build(spec, vocab)])
             spec.seed = c  # fresh prompts per concurrency
             out["sweep"][str(c)] = run_offline(llm, build(spec, vocab))
-            if c == 256:  # the graph's buffers still hold the last step of this batch
+            if c == 256 and args.tensor_parallel_size == 1:  # the graph's buffers still hold the last step
                 try:
                     out["graph_kernels_batch256"] = graph_kernel_profile(llm, 256)
                 except Exception:
@@ -845,6 +885,8 @@ def main():
     ap.add_argument("--single-out", type=int, default=None, help="perf/single: output tokens (default: 512)")
     ap.add_argument("--sweep-concurrency", default="1,4,16,64,256")
     ap.add_argument("--sweep-out", type=int, default=None, help="perf/sweep: output tokens (default: the workload's)")
+    ap.add_argument("--tensor-parallel-size", type=int, default=1,
+                    help="perf: GPUs the model is split over (weight_bytes and the ceilings are then rank 0's shard)")
     ap.add_argument("--max-num-seqs", type=int, default=256)
     ap.add_argument("--max-num-batched-tokens", type=int, default=8192)
     ap.add_argument("--num-scheduler-steps", type=int, default=None)
