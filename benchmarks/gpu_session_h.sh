@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Issues 14 and 16: the AWQ walk with several rows a program ("rgemv", _awq_gemv_rows_kernel), next device session.
 #   1. GPU tests of the AWQ kernels (every config of each bucket in bf16, "rgemv" included)
-#   2. the AWQ table at 2/4/5/16 rows (few, skinny; 5 = a k = 4 verification) for llama3-8b and llama3-70b's layers,
+#   2. the AWQ table at 2/4/5/16 rows (few, skinny; 5 = a k = 4 verification) for llama3-70b's layers,
 #      the fastest per shape merged into tachyon/kernels/quant_tuned/<GPU>.json (returned as tuned_<GPU>.json)
 #   3. the seeds' pairing again with that table: llama3-70b AWQ + llama3-8b draft, acceptance ~0.8 / ~0.5
 #      (measured before at 1.38x / 1.02x on an H100 with a 5-token verification at 1.92 decode steps)
@@ -14,7 +14,7 @@ END=${END_S:-560}
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader > "$OUT/gpu.txt"; cat "$OUT/gpu.txt"
 gpu_tests 90 tests/kernels/test_quant_linear.py -k awq
 TUNED=tachyon/kernels/quant_tuned/$(python -c "import torch; print(torch.cuda.get_device_name().replace(' ', '_'))").json
-timeout 170 python benchmarks/quant_kernels.py --no-check --rows 2,4,5,16 --formats awq --budget-s 150 \
+timeout 170 python benchmarks/quant_kernels.py --no-check --rows 2,4,5,16 --formats awq --models llama3-70b --budget-s 150 \
   --write-tuned "$TUNED" --out "$OUT/quant_kernels.json" > "$OUT/quant_kernels.log" 2>&1
 echo "quant_kernels rc=$?"; cp "$TUNED" "$OUT/tuned_$(basename "$TUNED")"
 python - "$OUT/quant_kernels.json" <<'PY'

@@ -139,13 +139,13 @@ def check(report: dict) -> None:
           ", ".join(f"{f} {d} {e:.2e}" for (f, d), e in worst.items()), flush=True)
 
 
-def bench(report: dict, deadline: float, rows: list[int], fmts: tuple[str, ...]) -> None:
+def bench(report: dict, deadline: float, rows: list[int], fmts: tuple[str, ...], shapes=SHAPES) -> None:
     g = torch.Generator(device=DEV).manual_seed(1)
     dtype = torch.bfloat16
     results = []
     print(f"{'shape':<22}{'M':>5} | {'int8 ms':>8} {'GB/s':>6} {'vs cuBLAS':>9} | {'int4 ms':>8} {'GB/s':>6} "
           f"{'vs cuBLAS':>9} | {'bf16 ms':>8} {'GB/s':>6}", flush=True)
-    for model, layer, n, k in SHAPES:
+    for model, layer, n, k in shapes:
         weights = {}
         for fmt in ("int8", "awq", "bf16"):
             copies = max(1, math.ceil(L2_DEFEAT_BYTES / weight_bytes(fmt, n, k)))
@@ -229,6 +229,8 @@ def main() -> None:
     ap.add_argument("--budget-s", type=float, default=200.0, help="past this, only default configs are timed")
     ap.add_argument("--rows", default=",".join(map(str, ROWS)), help="comma-separated M values to time")
     ap.add_argument("--formats", default="int8,awq", help="which quantized formats to time (int8, awq)")
+    ap.add_argument("--models", default=",".join(dict.fromkeys(m for m, *_ in SHAPES)),
+                    help="whose layers to time (comma-separated: llama3-8b, llama3-70b)")
     ap.add_argument("--no-check", action="store_true", help="skip the correctness pass over the default configs")
     ap.add_argument("--write-tuned", default=None,
                     help="write the fastest config per (format, row bucket, shape) to this JSON, the table "
@@ -242,7 +244,10 @@ def main() -> None:
     if not args.no_check:
         check(report)
         print(f"correctness done in {time.time() - t0:.1f} s", flush=True)
-    bench(report, t0 + args.budget_s, rows, tuple(args.formats.split(",")))
+    shapes = [s for s in SHAPES if s[0] in args.models.split(",")]
+    if not shapes:
+        raise SystemExit(f"--models {args.models}: none of {sorted({m for m, *_ in SHAPES})}")
+    bench(report, t0 + args.budget_s, rows, tuple(args.formats.split(",")), shapes)
     report["wall_s"] = time.time() - t0
     if args.write_tuned:
         write_tuned(report, args.write_tuned)
