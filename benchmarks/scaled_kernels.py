@@ -21,6 +21,7 @@ import triton
 
 from tachyon.kernels.quant_linear import int8_linear, row_bucket, tuned_key
 from tachyon.kernels.scaled_linear import (
+    CUBLAS_CONFIG,
     GEMM_CONFIGS,
     MAX_ROW_WALK_ROWS,
     SMALL_CONFIGS,
@@ -127,7 +128,8 @@ def main() -> None:
             for name, q, s in (("fp8", qf, sf), ("w8a8", q8, s8)):
                 ref = scaled_linear_ref(x, q, s)
                 ms, err = {}, {}
-                for cfg in SMALL_CONFIGS:
+                # cuBLAS (after quantize_rows) beside the walks where it takes the rows: fp8 at any count
+                for cfg in SMALL_CONFIGS + ([CUBLAS_CONFIG] if cublas_takes(x, q) else []):
                     err[str(cfg)] = rel(scaled_linear(x, q, s, config=cfg, force_walk=True), ref)
                     ms[str(cfg)] = time_ms(lambda x=x, q=q, s=s, cfg=cfg: scaled_linear(x, q, s, config=cfg,
                                                                                    force_walk=True))

@@ -314,12 +314,16 @@ def _row_walk(x, weight, weight_scale, bias, input_scale, y, config: tuple) -> t
 
 
 def cublas_takes(x: torch.Tensor, weight: torch.Tensor) -> bool:
-    """Whether cuBLAS (row-wise fp8 `_scaled_mm`, `_int_mm`) takes these shapes and dtypes."""
+    """Whether cuBLAS (row-wise fp8 `_scaled_mm`, `_int_mm`) takes these shapes and dtypes: K and N multiples of
+    16; fp8 with bf16 activations (its row-wise scales give bf16 out) at any rows, int8 above 16 rows (`_int_mm`'s
+    least). Up to MAX_ROW_WALK_ROWS rows fp8 goes to cuBLAS only where the tuned table measured it faster."""
     m, k = x.shape
     n = weight.shape[0]
-    if m <= MAX_ROW_WALK_ROWS or not x.is_cuda or k % 16 or n % 16:
+    if not x.is_cuda or k % 16 or n % 16:
         return False
-    return weight.dtype == torch.int8 or x.dtype == torch.bfloat16
+    if weight.dtype == torch.int8:
+        return m > MAX_ROW_WALK_ROWS
+    return x.dtype == torch.bfloat16
 
 
 def gemm_path(x: torch.Tensor, weight: torch.Tensor) -> bool:

@@ -7,6 +7,7 @@ import torch
 
 from tachyon.kernels.scaled_linear import (
     MAX_ROW_WALK_ROWS,
+    cublas_takes,
     gemm_path,
     quantize_rows,
     quantize_rows_ref,
@@ -116,6 +117,14 @@ def test_gemm_path_choice():
         assert not gemm_path(x[:MAX_ROW_WALK_ROWS], w8.cuda())
         assert not gemm_path(x.half(), w8.cuda().to(torch.float8_e4m3fn))  # row-wise fp8 cuBLAS: bf16 out only
         assert not gemm_path(x[:, :40], torch.zeros(32, 40, dtype=torch.int8, device="cuda"))  # K % 16
+        # fp8 cuBLAS takes a few rows too (where the tuned table measured it faster), int8's _int_mm does not
+        f8 = w8.cuda().to(torch.float8_e4m3fn)
+        assert cublas_takes(x[:4], f8) and not cublas_takes(x[:4], w8.cuda())
+        assert not gemm_path(x[:4], f8)  # without a table entry a few rows walk
+        w, ws = _weight(48, 64, torch.float8_e4m3fn, "cuda")
+        xs = torch.randn(4, 64, device="cuda", dtype=torch.bfloat16)
+        ref = scaled_linear_ref(xs, w, ws)
+        assert ((scaled_linear(xs, w, ws, config=("cublas",)).float() - ref.float()).norm() / ref.float().norm()) < 2e-2
 
 
 def test_cublas_config_only_where_cublas_takes_the_shape():
