@@ -716,7 +716,8 @@ def cmd_perf(args) -> dict:
     out["startup_s"] = time.perf_counter() - t
     out["startup_breakdown"] = runner.timings
     out["num_kv_blocks"] = llm.engine.kv.num_blocks
-    out["engine_config"] = {"tensor_parallel_size": args.tensor_parallel_size, "max_num_seqs": args.max_num_seqs, "max_num_batched_tokens": args.max_num_batched_tokens,
+    out["engine_config"] = {"tensor_parallel_size": args.tensor_parallel_size, "max_num_seqs": args.max_num_seqs,
+                            "max_num_batched_tokens": args.max_num_batched_tokens,
                             "num_scheduler_steps": llm.engine.config.scheduler.num_scheduler_steps,
                             "max_model_len": 4096, "block_size": 16, "cuda_graph_sizes": runner.cuda_graphs.sizes
                             if runner.cuda_graphs else None}

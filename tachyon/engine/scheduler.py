@@ -46,8 +46,8 @@ from tachyon.engine.sequence import Sequence, SequenceStatus
 from tachyon.interface import ModelRunnerOutput, Proposer, ScheduledSeq, SchedulerOutput
 
 # speculative decoding's back-off (Scheduler._spec_outcome): a sequence backs off while its running mean of accepted
-# tokens per verification is under this. A verification of k tokens costs about 1.2 decode steps at batch 1 and
-# 1.6 at batch 64 on an H100 (llama3-8b, k = 4), so it pays above ~0.2 and ~0.6 accepted tokens.
+# tokens per verification is under this: below it a verification costs more than its accepted tokens save (the
+# measured costs: benchmarks/results/h100/session_20261206c/README.md).
 SPEC_BACKOFF_BELOW = 0.25
 SPEC_MEAN_WEIGHT = 1 / 8
 

@@ -636,9 +636,12 @@ def gemv_split_k(col_tiles: int, groups: int, partial_bytes: int, weight_bytes: 
 def _launch_awq_gemv(x, qweight, qzeros, scales, group_size: int, bias, y, cfg: tuple) -> torch.Tensor:
     """A "gemv" config (a program per row) or an "rgemv" one: ("rgemv", BLOCK_P, BLOCK_K, num_warps, ROWS, unpack),
     ROWS rows a program (`_awq_gemv_rows_kernel`; one row walks as "gemv" does)."""
-    rows = cfg[4] if cfg[0] == "rgemv" else 1
-    _, block_p, block_k, warps, prefetch = cfg[:5]
-    prefetch = prefetch if cfg[0] == "gemv" else False
+    if cfg[0] == "rgemv":
+        _, block_p, block_k, warps, rows = cfg[:5]
+        prefetch = False
+    else:
+        _, block_p, block_k, warps, prefetch = cfg[:5]
+        rows = 1
     unpack = cfg[5] if len(cfg) > 5 else 0
     if unpack == 2 and x.dtype == torch.float32:
         unpack = 0  # UNPACK 2 cancels 2**23 * sum x after the dot (~1e-4 relative): fp32 activations get the exact walk
