@@ -13,7 +13,7 @@ END=${END_S:-590}
 . benchmarks/gpu_lib.sh
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader > "$OUT/gpu.txt"; cat "$OUT/gpu.txt"
 gpu_tests 60 tests/kernels/test_scaled_linear.py tests/kernels/test_sampler_no_sync.py
-tune_scaled 210 1,16,64,256,4096 1,4,16
+tune_scaled 240 1,16,64,256,4096 1,4,16
 perf_run 8b_fp8 --quantization fp8 --workloads single,throughput
 perf_run 8b_fp8_kvfp8 --quantization fp8 --kv-cache-dtype fp8 --workloads throughput
 perf_run 8b_w8a8 --quantization w8a8 --workloads single,throughput

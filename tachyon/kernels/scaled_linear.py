@@ -14,7 +14,9 @@ walk up to MAX_ROW_WALK_ROWS rows and cuBLAS above:
   the 8-bit products in fp32 on the CUDA cores; "lwalk": the same, its sum over K reduced across threads once at
   the end rather than once per K tile;
   "dot": `_w8a8_dot_kernel`, all rows in one program per strip, weight tile @ x_q.T on tensor cores (rows padded
-  to 16), so each x tile is quantized once per strip and the weight is read once whatever the rows.
+  to 16), so each x tile is quantized once per strip and the weight is read once whatever the rows;
+  "qwalk", "qdot": the same after `_quantize_rows_kernel` (one more launch): no program reads x for its scale
+  (the dot at 16 rows otherwise reads all 16 rows of x before its first weight byte).
 - above (prefill, large batches): `_quantize_rows_kernel` writes x_q and its scales, then
   "cublas": fp8 through `torch._scaled_mm` (row-wise scales: s_x per row, s_w per column, bf16 out), int8 through
   `torch._int_mm` (int32 out) and `_int_epilogue_kernel` (scales, bias, cast); or
@@ -45,15 +47,19 @@ from tachyon.kernels.quant_ref import SCALED_QMAX, check_scaled_args, quantize_r
 
 MAX_ROW_WALK_ROWS = 16  # up to this many rows a linear layer is bandwidth-bound: the row walk
 ROW_WALK_CONFIG = ("walk", 16, 512, 4, 4)  # kind, BLOCK_N, BLOCK_K, num_warps, num_stages
+WALK_KINDS = ("walk", "lwalk", "dot", "qwalk", "qdot")  # the small-rows kernels (`_row_walk`)
 CUBLAS_CONFIG = ("cublas",)  # quantize_rows, then torch._scaled_mm (fp8) or torch._int_mm + _int_epilogue_kernel
 SMALL_CONFIGS = [("walk", 16, 512, 4, 4), ("walk", 8, 512, 4, 4), ("walk", 32, 256, 4, 4), ("walk", 16, 1024, 8, 3),
-                 ("walk", 32, 512, 8, 3), ("lwalk", 16, 256, 4, 4), ("lwalk", 8, 512, 4, 4), ("lwalk", 32, 128, 4, 4),
-                 ("lwalk", 16, 512, 8, 3), ("lwalk", 32, 256, 8, 3), ("dot", 64, 128, 4, 4), ("dot", 64, 256, 4, 3),
-                 ("dot", 128, 128, 4, 3), ("dot", 32, 256, 4, 4), ("dot", 128, 256, 8, 3), ("dot", 64, 512, 4, 3),
-                 ("dot", 16, 512, 4, 3)]
+                 ("walk", 32, 512, 8, 3), ("walk", 64, 256, 8, 3), ("walk", 8, 2048, 8, 2), ("walk", 16, 2048, 8, 2),
+                 ("lwalk", 16, 256, 4, 4), ("lwalk", 8, 512, 4, 4), ("lwalk", 32, 128, 4, 4), ("lwalk", 16, 512, 8, 3),
+                 ("lwalk", 32, 256, 8, 3), ("qwalk", 32, 256, 4, 4), ("qwalk", 32, 512, 8, 3), ("qwalk", 16, 1024, 8, 3),
+                 ("dot", 64, 128, 4, 4), ("dot", 64, 256, 4, 3), ("dot", 128, 128, 4, 3), ("dot", 32, 256, 4, 4),
+                 ("dot", 128, 256, 8, 3), ("dot", 64, 512, 4, 3), ("qdot", 64, 128, 4, 4), ("qdot", 64, 256, 4, 3),
+                 ("qdot", 128, 128, 4, 3), ("qdot", 32, 256, 4, 4), ("qdot", 128, 256, 8, 3)]
 # above MAX_ROW_WALK_ROWS: cuBLAS or the fused GEMM ("gemm", BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages)
 GEMM_CONFIGS = [CUBLAS_CONFIG, ("gemm", 32, 128, 128, 4, 4), ("gemm", 64, 128, 128, 4, 4), ("gemm", 64, 256, 128, 8, 3),
                 ("gemm", 128, 128, 128, 8, 3), ("gemm", 128, 256, 128, 8, 3), ("gemm", 16, 128, 256, 4, 4)]
+QUANTIZE_ONE_TILE = 16384  # rows up to this long are quantized from registers (at most 32 fp32 a thread)
 _ROUND = tl.constexpr(12582912.0)  # 1.5 * 2**23: (v + it) - it rounds |v| < 2**22 to the nearest even integer
 
 
@@ -67,7 +73,7 @@ def default_scaled_config(x: torch.Tensor, weight: torch.Tensor) -> tuple:
         cfg = _device_table(weight.device.index or 0).get(fmt, {}).get(row_bucket(m), {}).get(
             tuned_key(*weight.shape))
         if cfg is not None and (cfg[0] != "cublas" or cublas_takes(x, weight)) and (
-                cfg[0] != "dot" or m <= MAX_ROW_WALK_ROWS):
+                cfg[0] not in ("dot", "qdot") or m <= MAX_ROW_WALK_ROWS):
             return cfg
     return CUBLAS_CONFIG if m > MAX_ROW_WALK_ROWS and cublas_takes(x, weight) else ROW_WALK_CONFIG
 
@@ -97,19 +103,23 @@ def _w8a8_dot_kernel(
     x_ptr, w_ptr, ws_ptr, xs_ptr, b_ptr, out_ptr,
     M, N, K, K_SPLIT, stride_xm, stride_om, stride_os,
     FP8: tl.constexpr, QMAX: tl.constexpr, STATIC: tl.constexpr, HAS_BIAS: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr = False,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PREQ: tl.constexpr = False,
+    PDL: tl.constexpr = False,
 ):
     """All M <= BLOCK_M rows in one program per strip of output features: W [BLOCK_N, BLOCK_K] @ x_q.T
     [BLOCK_K, BLOCK_M] on tensor cores (the weight is the MMA's wide operand, the rows its narrow one), int32
     accumulation for int8 (exact), fp32 for fp8. Each program finds its rows' scales, then quantizes each x tile
-    once, shared by BLOCK_N outputs."""
+    once, shared by BLOCK_N outputs. PREQ: x is already quantized (`quantize_rows`) and xs_ptr holds its [M]
+    scales, so no program reads the rows twice for their scales."""
     pdl.enter(PDL)
     pid_n, pid_k = tl.program_id(0), tl.program_id(1)
     offs_m = tl.arange(0, BLOCK_M)
     mask_m = offs_m < M
     offs_k = tl.arange(0, BLOCK_K)
     x_rows = x_ptr + offs_m.to(tl.int64)[:, None] * stride_xm
-    if STATIC:
+    if PREQ:
+        s_x = tl.load(xs_ptr + offs_m, mask=mask_m, other=1.0)
+    elif STATIC:
         s_x = tl.load(xs_ptr) + tl.zeros((BLOCK_M,), dtype=tl.float32)
     else:
         amax = tl.zeros((BLOCK_M, BLOCK_K), dtype=tl.float32)
@@ -128,8 +138,12 @@ def _w8a8_dot_kernel(
         kk = k0 + offs_k
         mask_k = kk < K
         w = tl.load(w_rows + kk[None, :], mask=mask_n[:, None] & mask_k[None, :], other=0.0)
-        x = tl.load(x_rows + kk[None, :], mask=mask_m[:, None] & mask_k[None, :], other=0.0).to(tl.float32)
-        acc = tl.dot(w, tl.trans(_quantize8(x * inv[:, None], FP8, QMAX)), acc, out_dtype=acc.dtype)
+        if PREQ:
+            xq = tl.load(x_rows + kk[None, :], mask=mask_m[:, None] & mask_k[None, :], other=0.0)
+        else:
+            x = tl.load(x_rows + kk[None, :], mask=mask_m[:, None] & mask_k[None, :], other=0.0).to(tl.float32)
+            xq = _quantize8(x * inv[:, None], FP8, QMAX)
+        acc = tl.dot(w, tl.trans(xq), acc, out_dtype=acc.dtype)
     y = acc.to(tl.float32) * tl.load(ws_ptr + offs_n, mask=mask_n, other=0.0)[:, None] * s_x[None, :]
     if HAS_BIAS:
         y += tl.load(b_ptr + offs_n, mask=mask_n, other=0.0).to(tl.float32)[:, None]
@@ -143,17 +157,20 @@ def _w8a8_row_kernel(
     N, K, K_SPLIT, stride_xm, stride_om, stride_os,
     FP8: tl.constexpr, QMAX: tl.constexpr, STATIC: tl.constexpr, HAS_BIAS: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, AMAX_BLOCK: tl.constexpr, LATE_REDUCE: tl.constexpr,
-    PDL: tl.constexpr = False,
+    PREQ: tl.constexpr = False, PDL: tl.constexpr = False,
 ):
     """One row and a strip of BLOCK_N output features per program (a K range of it when K is split). The row's
     scale comes first: max|x_row| in AMAX_BLOCK-wide loads (x is in L2, so few wide loads beat many serial ones
     before the first weight byte is asked for). LATE_REDUCE keeps a [BLOCK_N, BLOCK_K] fp32 sum and reduces it
-    across threads once, after the walk, instead of once per K tile."""
+    across threads once, after the walk, instead of once per K tile. PREQ: x is already quantized
+    (`quantize_rows`) and xs_ptr holds its [M] scales: the walk starts with the weight."""
     pdl.enter(PDL)
     pid_m, pid_n, pid_k = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     x_row = x_ptr + pid_m.to(tl.int64) * stride_xm
     offs_k = tl.arange(0, BLOCK_K)
-    if STATIC:
+    if PREQ:
+        s_x = tl.load(xs_ptr + pid_m)
+    elif STATIC:
         s_x = tl.load(xs_ptr)
     else:  # max|x_row| / QMAX (at least 1e-12 / QMAX)
         offs_a = tl.arange(0, AMAX_BLOCK)
@@ -173,8 +190,11 @@ def _w8a8_row_kernel(
     for k0 in range(k_start, k_end, BLOCK_K):
         kk = k0 + offs_k
         mask_k = kk < K
-        x = tl.load(x_row + kk, mask=mask_k, other=0.0).to(tl.float32)
-        xq = _quantize(x * inv, FP8, QMAX)
+        if PREQ:
+            xq = tl.load(x_row + kk, mask=mask_k, other=0.0).to(tl.float32)
+        else:
+            x = tl.load(x_row + kk, mask=mask_k, other=0.0).to(tl.float32)
+            xq = _quantize(x * inv, FP8, QMAX)
         w = tl.load(w_rows + kk[None, :], mask=mask_n[:, None] & mask_k[None, :], other=0.0)
         wf = w.to(tl.float32) if FP8 else _int8_to_float(w)
         if LATE_REDUCE:
@@ -193,22 +213,33 @@ def _w8a8_row_kernel(
 @triton.jit
 def _quantize_rows_kernel(x_ptr, q_ptr, xs_out_ptr, xs_in_ptr, K, stride_xm,
                           FP8: tl.constexpr, QMAX: tl.constexpr, STATIC: tl.constexpr, BLOCK_K: tl.constexpr,
-                          PDL: tl.constexpr = False):
+                          ONE_TILE: tl.constexpr = False, PDL: tl.constexpr = False):
+    """A program per row: its scale (max|x| / QMAX, or the static one) and its 8-bit values. ONE_TILE: the row
+    fits one BLOCK_K load (K <= QUANTIZE_ONE_TILE), so it is read once."""
     pdl.enter(PDL)
     row = tl.program_id(0).to(tl.int64)
     x_row = x_ptr + row * stride_xm
     offs = tl.arange(0, BLOCK_K)
-    if STATIC:
-        s_x = tl.load(xs_in_ptr)
-    else:  # as _w8a8_row_kernel's
-        amax = tl.zeros((BLOCK_K,), dtype=tl.float32)
+    if ONE_TILE:  # the row in registers: one load for its scale and its values
+        mask = offs < K
+        x = tl.load(x_row + offs, mask=mask, other=0.0).to(tl.float32)
+        if STATIC:
+            s_x = tl.load(xs_in_ptr)
+        else:
+            s_x = tl.maximum(tl.max(tl.abs(x), axis=0), 1e-12) / QMAX
+        tl.store(q_ptr + row * K + offs, _quantize(x / s_x, FP8, QMAX).to(q_ptr.dtype.element_ty), mask=mask)
+    else:
+        if STATIC:
+            s_x = tl.load(xs_in_ptr)
+        else:  # as _w8a8_row_kernel's
+            amax = tl.zeros((BLOCK_K,), dtype=tl.float32)
+            for k0 in range(0, K, BLOCK_K):
+                amax = tl.maximum(amax, tl.abs(tl.load(x_row + k0 + offs, mask=k0 + offs < K, other=0.0).to(tl.float32)))
+            s_x = tl.maximum(tl.max(amax, axis=0), 1e-12) / QMAX
         for k0 in range(0, K, BLOCK_K):
-            amax = tl.maximum(amax, tl.abs(tl.load(x_row + k0 + offs, mask=k0 + offs < K, other=0.0).to(tl.float32)))
-        s_x = tl.maximum(tl.max(amax, axis=0), 1e-12) / QMAX
-    for k0 in range(0, K, BLOCK_K):
-        mask = k0 + offs < K
-        x = tl.load(x_row + k0 + offs, mask=mask, other=0.0).to(tl.float32)
-        tl.store(q_ptr + row * K + k0 + offs, _quantize(x / s_x, FP8, QMAX).to(q_ptr.dtype.element_ty), mask=mask)
+            mask = k0 + offs < K
+            x = tl.load(x_row + k0 + offs, mask=mask, other=0.0).to(tl.float32)
+            tl.store(q_ptr + row * K + k0 + offs, _quantize(x / s_x, FP8, QMAX).to(q_ptr.dtype.element_ty), mask=mask)
     tl.store(xs_out_ptr + row, s_x)
 
 
@@ -273,18 +304,22 @@ def quantize_rows(x: torch.Tensor, qtype: torch.dtype, input_scale: torch.Tensor
     q = torch.empty(m, k, dtype=qtype, device=x.device)
     xs = torch.empty(m, dtype=torch.float32, device=x.device)
     if m:
+        one = k <= QUANTIZE_ONE_TILE
+        block_k = triton.next_power_of_2(k) if one else 1024
         _quantize_rows_kernel[(m,)](x, q, xs, input_scale if input_scale is not None else xs, k, x.stride(0),
                                     FP8=qtype == torch.float8_e4m3fn, QMAX=SCALED_QMAX[qtype],
-                                    STATIC=input_scale is not None, BLOCK_K=min(1024, triton.next_power_of_2(k)),
-                                    num_warps=4, **pdl.launch_args())
+                                    STATIC=input_scale is not None, BLOCK_K=block_k, ONE_TILE=one,
+                                    num_warps=max(4, min(16, block_k // 1024)), **pdl.launch_args())
     return q, xs
 
 
 def _row_walk(x, weight, weight_scale, bias, input_scale, y, config: tuple) -> torch.Tensor:
-    """Up to MAX_ROW_WALK_ROWS rows (any number with a walk config): config ("walk" | "lwalk" | "dot", BLOCK_N,
-    BLOCK_K, num_warps, num_stages); a bare 4-tuple is a "walk" one; "lwalk" is the walk with LATE_REDUCE."""
+    """Up to MAX_ROW_WALK_ROWS rows (any number with a walk config): config (kind, BLOCK_N, BLOCK_K, num_warps,
+    num_stages), kind one of WALK_KINDS; a bare 4-tuple is a "walk" one. "lwalk" is the walk with LATE_REDUCE;
+    "qwalk" and "qdot" quantize the rows first (`quantize_rows`, one launch) and then walk or dot the 8-bit rows."""
     kind, block_n, block_k, warps, stages = config if len(config) == 5 else ("walk", *config)
-    dot = kind == "dot" and x.shape[0] <= MAX_ROW_WALK_ROWS
+    dot = kind in ("dot", "qdot") and x.shape[0] <= MAX_ROW_WALK_ROWS
+    preq = kind in ("qwalk", "qdot")
     m, k = x.shape
     n = weight.shape[0]
     block_n = min(block_n, max(16, triton.next_power_of_2(n)))
@@ -296,11 +331,14 @@ def _row_walk(x, weight, weight_scale, bias, input_scale, y, config: tuple) -> t
     k_split = triton.cdiv(k_tiles, split) * block_k
     split = triton.cdiv(k, k_split)
     dst = y if split == 1 else torch.empty(split, m, n, dtype=torch.float32, device=x.device)
-    args = (x, weight, weight_scale, input_scale if input_scale is not None else weight_scale,
-            bias if bias is not None else y, dst)
+    if preq:
+        x, xs = quantize_rows(x, weight.dtype, input_scale)
+    else:
+        xs = input_scale if input_scale is not None else weight_scale
+    args = (x, weight, weight_scale, xs, bias if bias is not None else y, dst)
     meta = dict(FP8=weight.dtype == torch.float8_e4m3fn, QMAX=SCALED_QMAX[weight.dtype],
-                STATIC=input_scale is not None, HAS_BIAS=bias is not None and split == 1, BLOCK_N=block_n,
-                BLOCK_K=block_k, num_warps=warps, num_stages=stages, **pdl.launch_args())
+                STATIC=input_scale is not None and not preq, HAS_BIAS=bias is not None and split == 1,
+                BLOCK_N=block_n, BLOCK_K=block_k, PREQ=preq, num_warps=warps, num_stages=stages, **pdl.launch_args())
     if dot:
         _w8a8_dot_kernel[(tiles, split)](*args, m, n, k, k_split, x.stride(0), n, m * n,
                                          BLOCK_M=MAX_ROW_WALK_ROWS, **meta)
@@ -355,7 +393,7 @@ def scaled_linear(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Ten
     y = _output(x, n, out) if kind != "cublas" or out is not None or weight.dtype == torch.int8 else None
     if m == 0:
         return y
-    if kind in ("walk", "lwalk", "dot"):
+    if kind in WALK_KINDS:
         return _row_walk(x, weight, weight_scale, bias, input_scale, y, config)
     xq, xs = quantize_rows(x, weight.dtype, input_scale)
     if kind == "gemm":

@@ -7,6 +7,7 @@ import torch
 
 from tachyon.kernels.scaled_linear import (
     MAX_ROW_WALK_ROWS,
+    QUANTIZE_ONE_TILE,
     cublas_takes,
     gemm_path,
     quantize_rows,
@@ -75,6 +76,12 @@ def test_scaled_linear_matches_ref(dtype, device, rel_err, qtype, m, static):
         # tensor cores: all rows in one program, int32 (int8) or fp32 (fp8) accumulation, K split in 3
         dot = scaled_linear(x, w, ws, bias, scale, force_walk=True, config=("dot", 16, 32, 4, 2))
         assert rel_err(dot, ref) < (2e-2 if dtype == torch.bfloat16 else 2e-3)
+        # the rows quantized first (`quantize_rows`), then the dot: the same numbers
+        qdot = scaled_linear(x, w, ws, bias, scale, force_walk=True, config=("qdot", 16, 32, 4, 2))
+        assert rel_err(qdot, ref) < (2e-2 if dtype == torch.bfloat16 else 2e-3)
+    if m in (3, 17):  # the walk over quantized rows, K split in 3 (17: above the dot's rows, the walk serves)
+        qwalk = scaled_linear(x, w, ws, bias, scale, force_walk=True, config=("qwalk", 16, 32, 4, 2))
+        assert rel_err(qwalk, ref) < (2e-2 if dtype == torch.bfloat16 else 2e-3)
     # rows quantized first, then the fused GEMM: partial tiles in M (m % 16), N (80 % 64) and K (96 % 64)
     gemm = scaled_linear(x, w, ws, bias, scale, config=("gemm", 16, 64, 64, 4, 2))
     assert gemm.dtype == dtype and rel_err(gemm, ref) < (2e-2 if dtype == torch.bfloat16 else 2e-3)
@@ -97,8 +104,10 @@ def test_row_scale_from_several_wide_loads(dtype, device, rel_err, qtype, kind):
 
 
 @pytest.mark.parametrize("qtype", QTYPES)
-def test_quantize_rows_matches_ref(dtype, device, qtype):
-    x = _x(5, 200, dtype, device)
+@pytest.mark.parametrize("k", [200, QUANTIZE_ONE_TILE + 40])  # the row in one tile; in 17 tiles, the last partial
+def test_quantize_rows_matches_ref(dtype, device, qtype, k):
+    x = _x(5, k, dtype, device)
+    x[3, k - 1] = 30.0  # the largest value in the last (partial) tile
     for scale in (None, torch.tensor([0.02], device=device)):
         q, s = quantize_rows(x, qtype, scale)
         qr, sr = quantize_rows_ref(x, qtype, scale)
