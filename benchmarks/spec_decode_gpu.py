@@ -92,12 +92,7 @@ class RandomProposer:
 def set_proposer(llm: LLM, proposer, k: int, backoff_max_steps: int = 0) -> None:
     """Switch the engine's proposer (None: plain decoding) and its back-off (0: verify every step, the
     machinery's own cost). The scheduler reads them every step."""
-    sched = llm.engine.scheduler
-    sched.proposer = proposer
-    sched.num_speculative_tokens = k if proposer is not None else 0
-    sched.backoff_max_steps = backoff_max_steps
-    if len(sched.spec_accepted_per_pos) < k:
-        sched.spec_accepted_per_pos += [0] * (k - len(sched.spec_accepted_per_pos))
+    llm.engine.scheduler.set_speculation(proposer, k, backoff_max_steps)
 
 
 def trust_replay(refs: dict[tuple, list[int]]) -> None:

@@ -71,11 +71,10 @@ class Scheduler:
                  spec: SpeculativeConfig | None = None):
         self.config = config
         self.kv = kv
-        self.proposer = proposer
         spec = spec if proposer is not None else None  # speculation needs both
-        self.num_speculative_tokens = spec.num_speculative_tokens if spec else 0
-        self.backoff_max_steps = spec.backoff_max_steps if spec else 0
-        self.disable_by_batch_size = spec.disable_by_batch_size if spec else None
+        self.spec_accepted_per_pos: list[int] = []
+        self.set_speculation(proposer, spec.num_speculative_tokens if spec else 0,
+                             spec.backoff_max_steps if spec else 0, spec.disable_by_batch_size if spec else None)
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.num_preemptions = 0
@@ -86,7 +85,17 @@ class Scheduler:
         self.spec_num_drafts = 0
         self.spec_num_draft_tokens = 0
         self.spec_num_accepted_tokens = 0
-        self.spec_accepted_per_pos = [0] * self.num_speculative_tokens
+
+    def set_speculation(self, proposer: Proposer | None, num_speculative_tokens: int, backoff_max_steps: int = 0,
+                        disable_by_batch_size: int | None = None) -> None:
+        """The proposer (None: plain decoding) and how it is used from the next step on: k tokens a verification,
+        the back-off's longest pause (0: verify every step), the batch size from which nobody speculates. The
+        acceptance counters carry over (the per-position list grows to k)."""
+        self.proposer = proposer
+        self.num_speculative_tokens = num_speculative_tokens if proposer is not None else 0
+        self.backoff_max_steps = backoff_max_steps
+        self.disable_by_batch_size = disable_by_batch_size
+        self.spec_accepted_per_pos += [0] * (self.num_speculative_tokens - len(self.spec_accepted_per_pos))
 
     def add(self, seq: Sequence) -> None:
         self.waiting.append(seq)

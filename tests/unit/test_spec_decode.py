@@ -337,3 +337,25 @@ def test_speculative_config_flag_on_every_engine_command():
     assert SpeculativeConfig.parse(args.speculative_config) == SpeculativeConfig("ngram", 3, 5, 2)
     with pytest.raises(ValueError, match="num_speculative_tokens=0"):  # refused before anything loads
         EngineArgs(speculative_config={"method": "ngram", "num_speculative_tokens": 0})
+
+
+def test_set_speculation_switches_the_proposer_from_the_next_step():
+    s = _sched(None, k=2)  # no proposer: plain decoding whatever the config says
+    assert s.num_speculative_tokens == 0 and s.spec_accepted_per_pos == []
+    a = _seq("a", 4)
+    s.add(a)
+    _land(s, s.schedule(), {"a": 50}, {})
+    out = s.schedule()
+    assert _split(out) == [("a", 4, 1, True, [])]
+    _land(s, out, {"a": 51}, {})
+    prop = _FixedProposer({"a": [7, 8, 9, 10]})
+    s.set_speculation(prop, 3)
+    out = s.schedule()
+    assert _split(out) == [("a", 5, 4, True, [7, 8, 9])] and s.spec_accepted_per_pos == [0, 0, 0]
+    _land(s, out, {"a": 60}, {"a": 2})
+    assert s.spec_accepted_per_pos == [1, 1, 0]
+    s.set_speculation(None, 3)  # off again: the counters stay
+    out = s.schedule()
+    assert _split(out) == [("a", 8, 1, True, [])] and s.spec_accepted_per_pos == [1, 1, 0]
+    _land(s, out, {"a": 61}, {})
+    s.kv.check_integrity([a])
