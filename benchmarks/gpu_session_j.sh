@@ -7,15 +7,16 @@
 #   3. llama3-8b w8a8 `single`, `throughput`
 #   4. llama3-8b fp8 with the fp8 KV cache `throughput`
 #   5. llama3-8b w8a8 `sweep`, `random` (each step runs only with a minute left before END_S)
-# Usage (repo root, GPU machine): OUT=dir [END_S=580] bash benchmarks/gpu_session_j.sh
+# Usage (repo root, GPU machine): OUT=dir [END_S=580] [TUNE_S=220] [TUNE_ROWS=1,256,4096] [TUNE_CFG_ROWS=1,4,16]
+#   [FP8_WL=single,sweep,throughput,random] bash benchmarks/gpu_session_j.sh
 set -u
 export PYTHONPATH=.
 END=${END_S:-580}
 . benchmarks/gpu_lib.sh
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader > "$OUT/gpu.txt"; cat "$OUT/gpu.txt"
-tune_scaled ${TUNE_S:-220} 1,256,4096 1,4,16
+tune_scaled ${TUNE_S:-220} ${TUNE_ROWS:-1,256,4096} ${TUNE_CFG_ROWS:-1,4,16}
 grep -E "^(WRONG|FAILED)" "$OUT/scaled_kernels.log" | cut -c1-200 | head -5
-perf_run 8b_fp8 --quantization fp8 --workloads single,sweep,throughput,random
+perf_run 8b_fp8 --quantization fp8 --workloads ${FP8_WL:-single,sweep,throughput,random}
 perf_run 8b_w8a8 --quantization w8a8 --workloads single,throughput
 perf_run 8b_fp8_kvfp8 --quantization fp8 --kv-cache-dtype fp8 --workloads throughput
 perf_run 8b_w8a8_curve --quantization w8a8 --workloads sweep,random
