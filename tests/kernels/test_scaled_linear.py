@@ -156,3 +156,39 @@ def test_rejects_bad_inputs(device):
     with pytest.raises(TypeError, match="input_scale must be one float32 value"):
         scaled_linear(x, w, ws, input_scale=torch.ones(2, device=device))
     assert scaled_linear(x[:0], w, ws).shape == (0, 16)
+
+
+def _tuned_scaled_entries():
+    import json
+    from pathlib import Path
+
+    import tachyon.kernels as kernels_pkg
+
+    for path in sorted((Path(kernels_pkg.__file__).parent / "quant_tuned").glob("*.json")):
+        table = json.loads(path.read_text())["configs"]
+        for fmt in ("fp8", "w8a8"):
+            for bucket, by_shape in table.get(fmt, {}).items():
+                for cfg in by_shape.values():
+                    yield path.name, bucket, tuple(cfg)
+
+
+def test_every_tuned_scaled_config_is_a_candidate_and_computes_the_product(device, rel_err):
+    # each committed table's fp8/w8a8 entries: one the tuner could have written, and (int8, small shapes that clip
+    # the tiles, K split where the walk splits it) its kernel matches the reference at a row count of its bucket
+    from tachyon.kernels.scaled_linear import GEMM_CONFIGS, SMALL_CONFIGS
+
+    rows = {"one_row": 1, "few": 3, "skinny": 9, "gemm": 20, "prefill": 20}
+    entries = list(_tuned_scaled_entries())
+    assert entries and {b for _, b, _ in entries} <= set(rows)
+    torch.manual_seed(0)
+    w, ws = _weight(48, 1024, torch.int8, device)
+    seen = set()
+    for name, bucket, cfg in entries:
+        assert cfg in SMALL_CONFIGS + GEMM_CONFIGS, (name, bucket, cfg)
+        key = (cfg[0], rows[bucket], cfg[1:3])
+        if key in seen or (cfg[0] == "cublas" and device != "cuda"):
+            continue
+        seen.add(key)
+        x = _x(rows[bucket], 1024, torch.float32 if device == "cpu" else torch.bfloat16, device)
+        out = scaled_linear(x, w, ws, config=cfg, force_walk=cfg[0] not in ("cublas", "gemm"))
+        assert rel_err(out, scaled_linear_ref(x, w, ws)) < 2e-2, (name, bucket, cfg)
