@@ -71,20 +71,20 @@ class Scheduler:
                  spec: SpeculativeConfig | None = None):
         self.config = config
         self.kv = kv
-        spec = spec if proposer is not None else None  # speculation needs both
-        self.spec_accepted_per_pos: list[int] = []
-        self.set_speculation(proposer, spec.num_speculative_tokens if spec else 0,
-                             spec.backoff_max_steps if spec else 0, spec.disable_by_batch_size if spec else None)
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.num_preemptions = 0
         self.num_swapped_out = 0
         self.num_recomputed = 0
         # speculative decoding, as vLLM counts it: verified sequence-steps, proposed and accepted tokens, and
-        # how often the proposal at each position (0 .. k-1) was accepted
+        # how often the proposal at each position (0 .. k-1) was accepted (set_speculation sizes the list)
         self.spec_num_drafts = 0
         self.spec_num_draft_tokens = 0
         self.spec_num_accepted_tokens = 0
+        self.spec_accepted_per_pos: list[int] = []
+        spec = spec if proposer is not None else None  # speculation needs both
+        self.set_speculation(proposer, spec.num_speculative_tokens if spec else 0,
+                             spec.backoff_max_steps if spec else 0, spec.disable_by_batch_size if spec else None)
 
     def set_speculation(self, proposer: Proposer | None, num_speculative_tokens: int, backoff_max_steps: int = 0,
                         disable_by_batch_size: int | None = None) -> None:
