@@ -371,14 +371,20 @@ def _nibble_bit(J: tl.constexpr, UNPACK: tl.constexpr):
 
 
 @triton.jit
+def _zero_and_scale(zw, s_row, offs_p, mask_p, J: tl.constexpr, UNPACK: tl.constexpr):
+    """The group's zero point and scale of outputs 8p + J, [P] each; with UNPACK 2 the zero also takes off the
+    2**23 * 2**-B * sum x the nibbles carry (exact powers of two)."""
+    z = ((zw >> (4 * J)) & 0xF).to(tl.float32)
+    if UNPACK == 2:
+        z += 1 << (23 - _nibble_bit(J, UNPACK))
+    return z, tl.load(s_row + offs_p * 8 + J, mask=mask_p, other=0.0).to(tl.float32)
+
+
+@triton.jit
 def _tile_term(q, x, xsum, zw, s_row, offs_p, mask_p, magic, J: tl.constexpr, UNPACK: tl.constexpr):
     """A tile's contribution to outputs 8p + J, [P]: s * (sum_k q x - z * sum_k x); the tile is inside one group."""
-    B: tl.constexpr = _nibble_bit(J, UNPACK)
-    dot = _nibble_dot(q, x, magic, J, UNPACK) * (1.0 / (1 << B))
-    z = ((zw >> (4 * J)) & 0xF).to(tl.float32)
-    if UNPACK == 2:  # the dot also holds 2**23 * 2**-B * sum x: exact powers of two, taken off with z
-        z += 1 << (23 - B)
-    s = tl.load(s_row + offs_p * 8 + J, mask=mask_p, other=0.0).to(tl.float32)
+    dot = _nibble_dot(q, x, magic, J, UNPACK) * (1.0 / (1 << _nibble_bit(J, UNPACK)))
+    z, s = _zero_and_scale(zw, s_row, offs_p, mask_p, J, UNPACK)
     return s * (dot - z * xsum)
 
 
@@ -386,13 +392,9 @@ def _tile_term(q, x, xsum, zw, s_row, offs_p, mask_p, magic, J: tl.constexpr, UN
 def _rows_tile_term(q, x, xsum, zw, s_row, offs_p, mask_p, magic, J: tl.constexpr, UNPACK: tl.constexpr):
     """`_tile_term` for ROWS rows at once, [P, ROWS]: x [ROWS, BLOCK_K], xsum [ROWS]; the nibble is unpacked once
     and multiplied into every row (ROWS FFMAs a value)."""
-    B: tl.constexpr = _nibble_bit(J, UNPACK)
     f = _nibble(q, magic, J, UNPACK)
-    dot = tl.sum(f[:, None, :] * x[None, :, :], axis=2) * (1.0 / (1 << B))
-    z = ((zw >> (4 * J)) & 0xF).to(tl.float32)
-    if UNPACK == 2:
-        z += 1 << (23 - B)
-    s = tl.load(s_row + offs_p * 8 + J, mask=mask_p, other=0.0).to(tl.float32)
+    dot = tl.sum(f[:, None, :] * x[None, :, :], axis=2) * (1.0 / (1 << _nibble_bit(J, UNPACK)))
+    z, s = _zero_and_scale(zw, s_row, offs_p, mask_p, J, UNPACK)
     return s[:, None] * (dot - z[:, None] * xsum[None, :])
 
 
