@@ -150,9 +150,17 @@ def converted_dir(gguf_path: str) -> str:
         with open(os.path.join(tmp, "SOURCE"), "w") as f:
             f.write(gguf_path + "\n")
         open(os.path.join(tmp, "DONE"), "w").close()
+        # another process (a second server's first start, a parallel test worker) may have converted the same
+        # file meanwhile: its directory is in use, so it stays and ours goes; a leftover without DONE goes
+        if os.path.exists(os.path.join(out, "DONE")):
+            return out
         if os.path.exists(out):
-            shutil.rmtree(out)
-        os.replace(tmp, out)
+            shutil.rmtree(out, ignore_errors=True)
+        try:
+            os.replace(tmp, out)
+        except OSError:
+            if not os.path.exists(os.path.join(out, "DONE")):
+                raise
     finally:
         if os.path.exists(tmp):
             shutil.rmtree(tmp, ignore_errors=True)
