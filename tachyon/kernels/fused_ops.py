@@ -2,6 +2,10 @@
 
 Each matches its torch reference in tachyon/layers (norm.py, activation.py, rotary.py) rounding for rounding:
 intermediate results are cast to the storage dtype wherever the reference materialises a tensor.
+
+The norm and SiLU-and-mul may also quantize their output rows for the fp8/w8a8 linear that reads them
+(`*_quant`): the same 8-bit values and scales as `scaled_linear.quantize_rows` of their output, written by the
+program that holds the row anyway, so the linear skips that launch and that read.
 """
 
 from __future__ import annotations
@@ -12,6 +16,8 @@ import triton.language as tl
 
 from tachyon.kernels import pdl
 from tachyon.kernels.kv_write import to_cache
+from tachyon.kernels.quant_ref import SCALED_QMAX
+from tachyon.kernels.scaled_linear import QUANTIZE_ONE_TILE, _quantize, quantize_rows
 
 _TORCH_TO_TL = {torch.float32: tl.float32, torch.float16: tl.float16, torch.bfloat16: tl.bfloat16}
 
@@ -26,6 +32,8 @@ def _add_rms_norm_kernel(
     n_cols, eps,
     HAS_RESIDUAL: tl.constexpr, X_DTYPE: tl.constexpr, BLOCK: tl.constexpr,
     PDL: tl.constexpr = False,
+    q_ptr=None, xs_out_ptr=None, xs_in_ptr=None, QUANT: tl.constexpr = False, FP8: tl.constexpr = False,
+    QMAX: tl.constexpr = 127.0, STATIC: tl.constexpr = False,
 ):
     pdl.enter(PDL)
     row = tl.program_id(0).to(tl.int64)
@@ -40,11 +48,30 @@ def _add_rms_norm_kernel(
     rstd = 1.0 / tl.sqrt(tl.sum(xf * xf, axis=0) / n_cols + eps)
     normed = (xf * rstd).to(X_DTYPE).to(tl.float32)
     w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
-    tl.store(out_ptr + row * stride_out + cols, (w * normed).to(out_ptr.dtype.element_ty), mask=mask)
+    y = (w * normed).to(out_ptr.dtype.element_ty)
+    tl.store(out_ptr + row * stride_out + cols, y, mask=mask)
+    if QUANT:
+        _quantize_row(y.to(tl.float32), q_ptr + row * n_cols + cols, mask, xs_out_ptr + row, xs_in_ptr,
+                      FP8, QMAX, STATIC)
 
 
-def fused_add_rms_norm(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float):
-    """Same contract as `RMSNorm.forward`: residual None -> (norm(x), None); else (norm(x + res), x + res)."""
+@triton.jit
+def _quantize_row(y, q_row, mask, xs_out, xs_in, FP8: tl.constexpr, QMAX: tl.constexpr, STATIC: tl.constexpr):
+    """A whole row held in registers (fp32, masked lanes 0) -> its 8-bit values and scale, as
+    `_quantize_rows_kernel` computes them from the stored row."""
+    if STATIC:
+        s_x = tl.load(xs_in)
+    else:
+        s_x = tl.maximum(tl.max(tl.abs(y), axis=0), 1e-12) / QMAX
+    tl.store(q_row, _quantize(y / s_x, FP8, QMAX).to(q_row.dtype.element_ty), mask=mask)
+    tl.store(xs_out, s_x)
+
+
+def fused_add_rms_norm(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float,
+                       quant: tuple[torch.dtype, torch.Tensor | None] | None = None):
+    """Same contract as `RMSNorm.forward`: residual None -> (norm(x), None); else (norm(x + res), x + res).
+    quant (qtype, static input scale or None): the output's rows quantized too, returned third as (q, scales)
+    (`quantize_rows` of the output, for a 2-D x)."""
     shape = x.shape
     H = shape[-1]
     x2 = x.reshape(-1, H)
@@ -63,17 +90,25 @@ def fused_add_rms_norm(x: torch.Tensor, residual: torch.Tensor | None, weight: t
             res2 = res2.contiguous()
         new_res = torch.empty(shape, dtype=res_dtype, device=x.device)
         new_res2 = new_res.view(-1, H)
-    if rows == 0:
+    qargs = {}
+    if quant is not None:
+        qtype, input_scale = quant
+        q = torch.empty(rows, H, dtype=qtype, device=x.device)
+        xs = torch.empty(rows, dtype=torch.float32, device=x.device)
+        qargs = dict(q_ptr=q, xs_out_ptr=xs, xs_in_ptr=input_scale if input_scale is not None else xs, QUANT=True,
+                     FP8=qtype == torch.float8_e4m3fn, QMAX=SCALED_QMAX[qtype], STATIC=input_scale is not None)
+    if rows:
+        block = triton.next_power_of_2(H)
+        _add_rms_norm_kernel[(rows,)](
+            x2, res2, weight, out2, new_res2,
+            x2.stride(0), res2.stride(0), out2.stride(0), new_res2.stride(0),
+            H, eps,
+            HAS_RESIDUAL=residual is not None, X_DTYPE=_TORCH_TO_TL[res_dtype], BLOCK=block,
+            num_warps=min(max(block // 256, 1), 16), **pdl.launch_args(), **qargs,
+        )
+    if quant is None:
         return out, new_res
-    block = triton.next_power_of_2(H)
-    _add_rms_norm_kernel[(rows,)](
-        x2, res2, weight, out2, new_res2,
-        x2.stride(0), res2.stride(0), out2.stride(0), new_res2.stride(0),
-        H, eps,
-        HAS_RESIDUAL=residual is not None, X_DTYPE=_TORCH_TO_TL[res_dtype], BLOCK=block,
-        num_warps=min(max(block // 256, 1), 16), **pdl.launch_args(),
-    )
-    return out, new_res
+    return out, new_res, (q, xs)
 
 
 # ---------------------------------------------------------------------------------------------- SiLU
@@ -106,6 +141,48 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
         x2, out2, x2.stride(0), out2.stride(0), d, BLOCK=block, num_warps=4, **pdl.launch_args(),
     )
     return out
+
+
+@triton.jit
+def _silu_and_mul_quant_kernel(x_ptr, out_ptr, q_ptr, xs_out_ptr, xs_in_ptr, stride_x, stride_out, d,
+                               FP8: tl.constexpr, QMAX: tl.constexpr, STATIC: tl.constexpr, BLOCK: tl.constexpr,
+                               PDL: tl.constexpr = False):
+    """A program per row, the whole row at once (d <= QUANTIZE_ONE_TILE): silu(gate) * up as
+    `_silu_and_mul_kernel`, and its 8-bit values and scale."""
+    pdl.enter(PDL)
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.arange(0, BLOCK)
+    mask = cols < d
+    gate = tl.load(x_ptr + row * stride_x + cols, mask=mask, other=0.0).to(tl.float32)
+    up = tl.load(x_ptr + row * stride_x + d + cols, mask=mask, other=0.0).to(tl.float32)
+    act = (gate / (1.0 + tl.exp(-gate))).to(out_ptr.dtype.element_ty).to(tl.float32)
+    y = (act * up).to(out_ptr.dtype.element_ty)
+    tl.store(out_ptr + row * stride_out + cols, y, mask=mask)
+    _quantize_row(y.to(tl.float32), q_ptr + row * d + cols, mask, xs_out_ptr + row, xs_in_ptr, FP8, QMAX, STATIC)
+
+
+def silu_and_mul_quant(x: torch.Tensor, qtype: torch.dtype, input_scale: torch.Tensor | None = None
+                       ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
+    """x [M, 2d] -> (silu(gate) * up [M, d], (its rows quantized to qtype [M, d], fp32 scales [M])): one launch
+    for rows up to QUANTIZE_ONE_TILE long, else `silu_and_mul` and then `quantize_rows`."""
+    d = x.shape[-1] // 2
+    x2 = x.reshape(-1, 2 * d)
+    if x2.stride(-1) != 1:
+        x2 = x2.contiguous()
+    if d > QUANTIZE_ONE_TILE:
+        out = silu_and_mul(x2)
+        return out, quantize_rows(out, qtype, input_scale)
+    m = x2.shape[0]
+    out = torch.empty(m, d, dtype=x.dtype, device=x.device)
+    q = torch.empty(m, d, dtype=qtype, device=x.device)
+    xs = torch.empty(m, dtype=torch.float32, device=x.device)
+    if m:
+        block = triton.next_power_of_2(d)
+        _silu_and_mul_quant_kernel[(m,)](
+            x2, out, q, xs, input_scale if input_scale is not None else xs, x2.stride(0), out.stride(0), d,
+            FP8=qtype == torch.float8_e4m3fn, QMAX=SCALED_QMAX[qtype], STATIC=input_scale is not None, BLOCK=block,
+            num_warps=max(4, min(16, block // 1024)), **pdl.launch_args())
+    return out, (q, xs)
 
 
 # ---------------------------------------------------------------------------------------------- rotary

@@ -314,10 +314,11 @@ def quantize_rows(x: torch.Tensor, qtype: torch.dtype, input_scale: torch.Tensor
     return q, xs
 
 
-def _row_walk(x, weight, weight_scale, bias, input_scale, y, config: tuple) -> torch.Tensor:
+def _row_walk(x, weight, weight_scale, bias, input_scale, y, config: tuple, pre=None) -> torch.Tensor:
     """Up to MAX_ROW_WALK_ROWS rows (any number with a walk config): config (kind, BLOCK_N, BLOCK_K, num_warps,
     num_stages), kind one of WALK_KINDS; a bare 4-tuple is a "walk" one. "lwalk" is the walk with LATE_REDUCE;
-    "qwalk" and "qdot" quantize the rows first (`quantize_rows`, one launch) and then walk or dot the 8-bit rows."""
+    "qwalk" and "qdot" quantize the rows first (`quantize_rows`, one launch, unless `pre` holds them) and then
+    walk or dot the 8-bit rows."""
     kind, block_n, block_k, warps, stages = config if len(config) == 5 else ("walk", *config)
     dot = kind in ("dot", "qdot") and x.shape[0] <= MAX_ROW_WALK_ROWS
     preq = kind in ("qwalk", "qdot")
@@ -333,7 +334,7 @@ def _row_walk(x, weight, weight_scale, bias, input_scale, y, config: tuple) -> t
     split = triton.cdiv(k, k_split)
     dst = y if split == 1 else torch.empty(split, m, n, dtype=torch.float32, device=x.device)
     if preq:
-        x, xs = quantize_rows(x, weight.dtype, input_scale)
+        x, xs = pre if pre is not None else quantize_rows(x, weight.dtype, input_scale)
     else:
         xs = input_scale if input_scale is not None else weight_scale
     args = (x, weight, weight_scale, xs, bias if bias is not None else y, dst)
@@ -372,13 +373,18 @@ def gemm_path(x: torch.Tensor, weight: torch.Tensor) -> bool:
 
 def scaled_linear(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor,
                   bias: torch.Tensor | None = None, input_scale: torch.Tensor | None = None,
-                  config: tuple | None = None, out: torch.Tensor | None = None, force_walk: bool = False
-                  ) -> torch.Tensor:
+                  config: tuple | None = None, out: torch.Tensor | None = None, force_walk: bool = False,
+                  pre: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
     """x [M, K] @ W8A8 weight [N, K] (+ bias) -> [M, N] in x's dtype (the module docstring has the paths).
     config: a SMALL_CONFIGS or GEMM_CONFIGS entry (default: `default_scaled_config`; a bare 4-tuple is a "walk"
     one); force_walk: the small-rows path at any M (config, else ROW_WALK_CONFIG; a "dot" config serves up to
-    MAX_ROW_WALK_ROWS rows, the walk above)."""
+    MAX_ROW_WALK_ROWS rows, the walk above). pre: x's rows already quantized, (`quantize_rows(x, weight.dtype,
+    input_scale)`'s q and scales, which a fused producer wrote): the paths that quantize first take them."""
     n, k = check_scaled_args(x, weight, weight_scale, bias, input_scale, "scaled_linear")
+    if pre is not None and (pre[0].dtype != weight.dtype or pre[0].shape != x.shape or pre[1].shape != x.shape[:1]):
+        raise ValueError(f"scaled_linear: pre holds {pre[0].dtype} {tuple(pre[0].shape)} rows and "
+                         f"{tuple(pre[1].shape)} scales; x {tuple(x.shape)} and a {weight.dtype} weight need "
+                         f"{weight.dtype} {tuple(x.shape)} and ({x.shape[0]},)")
     if x.stride(-1) != 1:
         x = x.contiguous()
     if not (weight.is_contiguous() and weight_scale.is_contiguous()):
@@ -395,8 +401,8 @@ def scaled_linear(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Ten
     if m == 0:
         return y
     if kind in WALK_KINDS:
-        return _row_walk(x, weight, weight_scale, bias, input_scale, y, config)
-    xq, xs = quantize_rows(x, weight.dtype, input_scale)
+        return _row_walk(x, weight, weight_scale, bias, input_scale, y, config, pre)
+    xq, xs = pre if pre is not None else quantize_rows(x, weight.dtype, input_scale)
     if kind == "gemm":
         _, block_m, block_n, block_k, warps, stages = config
         grid = (triton.cdiv(m, block_m) * triton.cdiv(n, block_n),)

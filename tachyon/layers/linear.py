@@ -10,6 +10,8 @@ and computes with the Triton kernels on a GPU (`kernels/quant_linear.py`), the t
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 from torch import nn
 
@@ -22,6 +24,17 @@ from tachyon.kernels.quant_ref import (
     scaled_linear_ref,
     unpack_int4,
 )
+
+
+class QuantizedRows(NamedTuple):
+    """A layer's input x [M, K] with its rows already quantized for the `ScaledLinear` that reads it: q [M, K]
+    (float8_e4m3fn or int8) and fp32 scales [M], as `kernels.scaled_linear.quantize_rows` makes them. The fused
+    RMSNorm and SiLU-and-mul write both on a GPU (`layers/triton_backend.install_fused_ops`), so the linear's
+    kernels that quantize first skip that launch; its other kernels read x."""
+
+    x: torch.Tensor
+    q: torch.Tensor
+    scale: torch.Tensor
 
 
 def make_linear(in_features: int, out_features: int, bias: bool, quant: QuantConfig | None) -> nn.Module:
@@ -310,12 +323,25 @@ class ScaledLinear(QuantLinear):
             first = not any(k == "input_scale" for _, k in self._loaded)  # the parameter holds no value before
             self.input_scale.data.copy_(v if first else torch.maximum(self.input_scale.data, v))
 
-    def _matmul(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor | QuantizedRows) -> torch.Tensor:
+        if not isinstance(x, QuantizedRows):
+            return super().forward(x)
+        if x.q.dim() != 2 or x.q.shape[1] != self.in_features:
+            raise ValueError(f"QuantizedRows of shape {tuple(x.q.shape)} for a layer of {self.in_features} inputs")
+        y = self._matmul(x.x.reshape(-1, self.in_features), (x.q, x.scale))
+        return y.reshape(*x.x.shape[:-1], self.out_features)
+
+    def _matmul(self, x: torch.Tensor, pre: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
         if x.is_cuda:
             from tachyon.kernels.scaled_linear import scaled_linear
 
-            return scaled_linear(x, self.weight, self.weight_scale, self.bias, self.input_scale)
+            return scaled_linear(x, self.weight, self.weight_scale, self.bias, self.input_scale, pre=pre)
         return scaled_linear_ref(x, self.weight, self.weight_scale, self.bias, self.input_scale)
+
+    def input_quantization(self) -> tuple[torch.dtype, torch.Tensor | None]:
+        """How this layer quantizes its input rows: (8-bit dtype, the static input scale or None), what a
+        producer that writes `QuantizedRows` for it must use."""
+        return self.weight.dtype, self.input_scale
 
 
 class Fp8Linear(ScaledLinear):

@@ -6,15 +6,23 @@ Here, above the kernels, because both put kernels into layers: `tachyon.kernels`
 
 from __future__ import annotations
 
+import os
 from typing import TYPE_CHECKING
 
 import torch
 
 from tachyon.kernels.decode_attention import decode_attention
-from tachyon.kernels.fused_ops import fused_add_rms_norm, rotary, rotary_write_kv, silu_and_mul
+from tachyon.kernels.fused_ops import (
+    fused_add_rms_norm,
+    rotary,
+    rotary_write_kv,
+    silu_and_mul,
+    silu_and_mul_quant,
+)
 from tachyon.kernels.kv_write import write_kv
 from tachyon.kernels.paged_attention import prefill_attention
 from tachyon.layers.activation import silu_and_mul_ref
+from tachyon.layers.linear import QuantizedRows, ScaledLinear
 from tachyon.layers.norm import RMSNorm
 from tachyon.layers.rotary import RotaryEmbedding
 
@@ -58,9 +66,26 @@ class TritonAttentionBackend:
         return out
 
 
-def install_fused_ops(model: torch.nn.Module) -> torch.nn.Module:
+class _SiluAndMulQuant:
+    """An MLP's activation that also quantizes its output rows for the ScaledLinear after it."""
+
+    def __init__(self, linear: ScaledLinear):
+        self.qtype, self.input_scale = linear.input_quantization()
+
+    def __call__(self, x: torch.Tensor) -> QuantizedRows:
+        out, (q, scale) = silu_and_mul_quant(x.reshape(-1, x.shape[-1]), self.qtype, self.input_scale)
+        return QuantizedRows(out, q, scale)
+
+
+def install_fused_ops(model: torch.nn.Module, quantized_inputs: bool | None = None) -> torch.nn.Module:
     """Point every RMSNorm / RotaryEmbedding `.fused` hook, and every MLP `.act` that is the torch
-    silu_and_mul reference, at the Triton kernels. Returns the model."""
+    silu_and_mul reference, at the Triton kernels. Where a module declares which of its norms or activation feeds
+    which linear (`QUANT_FEEDS`: (producer, linear) attribute paths) and that linear is a `ScaledLinear`, the
+    producer also writes its output's rows quantized for it (`QuantizedRows`): one launch and one read of the
+    activations fewer a linear. quantized_inputs: whether to (default: unless TACHYON_FUSED_QUANT=0, an A/B switch
+    for measuring). Returns the model."""
+    if quantized_inputs is None:
+        quantized_inputs = os.environ.get("TACHYON_FUSED_QUANT", "1") != "0"
     for module in model.modules():
         if isinstance(module, RMSNorm):
             module.fused = fused_add_rms_norm
@@ -68,4 +93,15 @@ def install_fused_ops(model: torch.nn.Module) -> torch.nn.Module:
             module.fused = rotary
         elif getattr(module, "act", None) is silu_and_mul_ref:
             module.act = silu_and_mul
+    for module in model.modules():
+        for producer, consumer in getattr(type(module), "QUANT_FEEDS", ()):
+            linear = module.get_submodule(consumer)
+            on = quantized_inputs and isinstance(linear, ScaledLinear)
+            if producer == "act":
+                if on and module.act is silu_and_mul:
+                    module.act = _SiluAndMulQuant(linear)
+                elif not on and isinstance(module.act, _SiluAndMulQuant):
+                    module.act = silu_and_mul
+            else:
+                module.get_submodule(producer).quantize_for = linear.input_quantization() if on else None
     return model

@@ -46,8 +46,8 @@ class Attention(nn.Module):
             self.q_norm = self.k_norm = None
 
     def forward(self, positions, hidden, kv_cache, meta: AttentionMetadata, backend, rotary):
-        T = hidden.shape[0]
-        qkv = self.qkv_proj(hidden)
+        qkv = self.qkv_proj(hidden)  # hidden: a tensor, or QuantizedRows for an fp8/w8a8 qkv_proj on a GPU
+        T = qkv.shape[0]
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         q = q.view(T, self.num_heads, self.head_dim)
         k = k.view(T, self.num_kv_heads, self.head_dim)
@@ -66,6 +66,8 @@ class Attention(nn.Module):
 
 
 class MLP(nn.Module):
+    QUANT_FEEDS = (("act", "down_proj"),)  # layers/triton_backend.install_fused_ops
+
     def __init__(self, cfg: ModelConfig, tp: TensorParallel | None = None):
         super().__init__()
         self.tp = tp
@@ -80,6 +82,8 @@ class MLP(nn.Module):
 
 
 class DecoderLayer(nn.Module):
+    QUANT_FEEDS = (("input_layernorm", "self_attn.qkv_proj"), ("post_attention_layernorm", "mlp.gate_up_proj"))
+
     def __init__(self, cfg: ModelConfig, layer_idx: int, tp: TensorParallel | None = None):
         super().__init__()
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)

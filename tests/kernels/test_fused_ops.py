@@ -2,11 +2,16 @@ import pytest
 import torch
 from torch import nn
 
-from tachyon.kernels.fused_ops import fused_add_rms_norm, rotary, silu_and_mul
+from tachyon.kernels.fused_ops import fused_add_rms_norm, rotary, silu_and_mul, silu_and_mul_quant
+from tachyon.kernels.scaled_linear import QUANTIZE_ONE_TILE, quantize_rows
 from tachyon.layers.activation import silu_and_mul_ref
 from tachyon.layers.norm import RMSNorm
 from tachyon.layers.rotary import RotaryEmbedding
 from tachyon.layers.triton_backend import install_fused_ops
+
+# the 8-bit types a fused producer quantizes to: fp8 only on a GPU (the interpreter has no float8)
+QTYPES = [torch.int8, pytest.param(torch.float8_e4m3fn, marks=pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="the interpreter has no float8"))]
 
 # the kernels round where the references round, so only last-bit differences (exp/rsqrt ulps) remain
 TOL = {torch.float32: 1e-6, torch.float16: 1e-3, torch.bfloat16: 8e-3}
@@ -56,6 +61,36 @@ def test_silu_and_mul(dtype, device, rel_err, shape):
     ref = silu_and_mul_ref(x)
     assert out.shape == ref.shape and out.dtype == ref.dtype
     assert rel_err(out, ref) <= TOL[dtype]
+
+
+@pytest.mark.parametrize("qtype", QTYPES)
+@pytest.mark.parametrize("with_residual", [False, True])
+def test_norm_and_activation_quantize_their_rows_as_quantize_rows(dtype, device, qtype, with_residual):
+    # what the fp8/w8a8 linear after them would compute from their output, bit for bit, dynamic and static scales;
+    # the output itself unchanged
+    torch.manual_seed(0)
+    norm = _norm(200, dtype, device)
+    x = (3 * torch.randn(7, 200)).to(device=device, dtype=dtype)
+    res = torch.randn(7, 200).to(device=device, dtype=dtype) if with_residual else None
+    g = (4 * torch.randn(5, 2 * 300)).to(device=device, dtype=dtype)
+    for scale in (None, torch.tensor([0.03], device=device)):
+        out, new_res, (q, s) = fused_add_rms_norm(x, res, norm.weight, norm.eps, (qtype, scale))
+        plain, plain_res = fused_add_rms_norm(x, res, norm.weight, norm.eps)
+        assert torch.equal(out, plain) and (new_res is None if res is None else torch.equal(new_res, plain_res))
+        q_ref, s_ref = quantize_rows(out, qtype, scale)
+        assert q.dtype == qtype and torch.equal(q.view(torch.int8), q_ref.view(torch.int8)) and torch.equal(s, s_ref)
+        act, (q, s) = silu_and_mul_quant(g, qtype, scale)
+        assert torch.equal(act, silu_and_mul(g))
+        q_ref, s_ref = quantize_rows(act, qtype, scale)
+        assert torch.equal(q.view(torch.int8), q_ref.view(torch.int8)) and torch.equal(s, s_ref)
+
+
+def test_activation_rows_longer_than_one_tile_take_two_launches(device):
+    g = torch.randn(2, 2 * (QUANTIZE_ONE_TILE + 8), device=device)
+    act, (q, s) = silu_and_mul_quant(g, torch.int8)
+    assert torch.equal(act, silu_and_mul(g))
+    q_ref, s_ref = quantize_rows(act, torch.int8)
+    assert torch.equal(q, q_ref) and torch.equal(s, s_ref)
 
 
 @pytest.mark.parametrize("num_q_heads,num_kv_heads,head_dim", [(4, 1, 32), (3, 3, 64), (8, 2, 128)])

@@ -3,6 +3,8 @@ kernel included) gives transformers' greedy tokens: on the CPU through Triton's 
 
 from __future__ import annotations
 
+import torch
+
 from tachyon import LLM, SamplingParams
 from tachyon.layers.triton_backend import install_fused_ops
 from tests.conftest import hf_greedy, make_tiny_checkpoint
@@ -24,3 +26,38 @@ def test_triton_path_greedy_matches_transformers(tmp_path, device):
         assert o.outputs[0].token_ids == hf_greedy(hf, p, 6)
     assert calls, "the fused rotary + KV write path never ran"
     assert llm.engine.kv.num_free_blocks == llm.engine.kv.num_blocks
+
+
+def test_norms_and_activation_hand_w8a8_linears_their_rows_quantized(tmp_path, device, monkeypatch):
+    # a w8a8 model on the Triton path (int8: the interpreter has no float8): each RMSNorm before qkv_proj or
+    # gate_up_proj, and the MLP's activation before down_proj, hands the linear its rows quantized as well
+    # (QuantizedRows), exactly `quantize_rows_ref` of the rows it reads; the tokens are those of the path without
+    from tachyon.kernels.quant_ref import quantize_rows_ref
+    from tachyon.layers.linear import ScaledLinear
+
+    make_tiny_checkpoint("llama", str(tmp_path), seed=5)
+    llm = LLM(model=str(tmp_path), quantization="w8a8", attention_backend="triton", dtype="float32",
+              num_kv_blocks=64, block_size=8, swap_space=0, max_num_batched_tokens=32, enforce_eager=True)
+    model = llm.engine.runner.model
+    seen = []
+    matmul = ScaledLinear._matmul
+
+    def checked(self, x, pre=None):
+        if pre is not None:
+            q, s = quantize_rows_ref(x, torch.int8)
+            assert torch.equal(pre[0], q) and torch.equal(pre[1], s)
+            seen.append(self)
+        return matmul(self, x, pre)
+
+    monkeypatch.setattr(ScaledLinear, "_matmul", checked)
+    prompts = [{"prompt_token_ids": [5 + (11 * i + 3 * j) % 400 for j in range(n)]} for i, n in enumerate((4, 37))]
+    params = SamplingParams(temperature=0, max_tokens=5, ignore_eos=True)
+    install_fused_ops(model, quantized_inputs=False)
+    plain = [o.outputs[0].token_ids for o in llm.generate(prompts, params)]
+    assert not seen
+    install_fused_ops(model)
+    fused = [o.outputs[0].token_ids for o in llm.generate(prompts, params)]
+    assert fused == plain
+    linears = {id(m) for layer in model.layers
+               for m in (layer.self_attn.qkv_proj, layer.mlp.gate_up_proj, layer.mlp.down_proj)}
+    assert {id(m) for m in seen} == linears  # o_proj reads the attention's output: not among them

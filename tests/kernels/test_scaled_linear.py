@@ -88,6 +88,25 @@ def test_scaled_linear_matches_ref(dtype, device, rel_err, qtype, m, static):
 
 
 @pytest.mark.parametrize("qtype", QTYPES)
+def test_rows_quantized_by_a_producer_replace_the_quantize_launch(dtype, device, qtype):
+    # pre = the rows of 2x quantized: the kernels that quantize first take them (and give 2x's product); those that
+    # read x itself ignore them (x's product)
+    torch.manual_seed(3)
+    k, n, m = 96, 80, 3
+    w, ws = _weight(n, k, qtype, device)
+    x = _x(m, k, dtype, device)
+    pre = quantize_rows(2 * x, qtype)
+    for config in [("qdot", 16, 32, 4, 2), ("qwalk", 16, 32, 4, 2), ("gemm", 16, 64, 64, 4, 2),
+                   ("walk", 16, 32, 4, 2), ("lwalk", 16, 32, 4, 2), ("dot", 16, 32, 4, 2)]:
+        got = scaled_linear(x, w, ws, config=config, force_walk=config[0] != "gemm", pre=pre)
+        takes = config[0] in ("qdot", "qwalk", "gemm")
+        expect = scaled_linear(2 * x if takes else x, w, ws, config=config, force_walk=config[0] != "gemm")
+        assert torch.equal(got, expect), config
+    with pytest.raises(ValueError, match=r"pre holds torch.int8 \(3, 95\) rows"):
+        scaled_linear(x, w, ws, pre=(pre[0][:, :95].to(torch.int8), pre[1]))
+
+
+@pytest.mark.parametrize("qtype", QTYPES)
 @pytest.mark.parametrize("kind", ["walk", "lwalk"])
 def test_row_scale_from_several_wide_loads(dtype, device, rel_err, qtype, kind):
     # one warp loads x's row 512 elements at a time for its scale: K = 1100 takes three loads, the last partial,
