@@ -5,6 +5,11 @@ config (walk and tensor-core dot) at 1, 4 and 16 rows; above 16 rows cuBLAS agai
 `--write-tuned` keeps the fastest per shape and row bucket. Times: median of CUDA-graph replays of 10 calls each,
 weights larger than L2 so they come from HBM.
 
+The configs of the layers whose input comes from a fused norm or activation (qkv, gate_up, down:
+`install_fused_ops` hands them their rows already quantized) are timed as they run in the model: the kinds that
+quantize first (qdot, qwalk, gemm, cuBLAS) get the quantized rows (`pre`) and skip `quantize_rows`. `--unfused`
+times them with it, as with TACHYON_FUSED_QUANT=0.
+
     PYTHONPATH=. python benchmarks/scaled_kernels.py --out scaled_kernels.json [--rows 1,16,64,256,4096]
         [--write-tuned tachyon/kernels/quant_tuned/NVIDIA_H200.json]
 """
@@ -36,6 +41,7 @@ SHAPES = [("llama3-8b", "qkv", 6144, 4096), ("llama3-8b", "o", 4096, 4096),
           ("llama3-8b", "gate_up", 28672, 4096), ("llama3-8b", "down", 4096, 14336),
           ("llama3-70b", "gate_up", 57344, 8192), ("llama3-70b", "down", 8192, 28672)]
 CONFIG_ROWS = (1, 4, 16)  # one of each row bucket the small-rows path serves
+FED_LAYERS = ("qkv", "gate_up", "down")  # their input rows come quantized from the norm or activation before them
 CALLS = 10
 
 
@@ -77,6 +83,11 @@ def _fastest_correct(ms: dict, err: dict) -> str:
     return min((c for c in ms if c not in bad), key=ms.get)
 
 
+def _pre(x: torch.Tensor, q: torch.Tensor, layer: str, unfused: bool):
+    """x's rows quantized for q, as the fused producer before a FED_LAYERS layer hands them; None otherwise."""
+    return None if unfused or layer not in FED_LAYERS else quantize_rows(x, q.dtype)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
@@ -88,13 +99,15 @@ def main() -> None:
     ap.add_argument("--write-tuned", default=None,
                     help="merge the fastest small-rows config per (fp8|w8a8, row bucket, shape) into this JSON, the "
                          "table tachyon/kernels/quant_tuned/<device>.json the kernels read on this GPU model")
+    ap.add_argument("--unfused", action="store_true",
+                    help="time every layer with its own quantize_rows (the model with TACHYON_FUSED_QUANT=0)")
     args = ap.parse_args()
     t0 = time.perf_counter()
     rows = [int(r) for r in args.rows.split(",")]
     dev = "cuda"
     g = torch.Generator(device=dev).manual_seed(0)
     result = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "checks": [], "timings": [],
-              "walk_configs": []}
+              "walk_configs": [], "fed_layers": [] if args.unfused else list(FED_LAYERS)}
     for model, layer, n, k in [s for s in SHAPES if s[0] in args.models.split(",")]:
         w = torch.randn(n, k, device=dev, generator=g) / math.sqrt(k)
         wb = w.to(torch.bfloat16)
@@ -131,10 +144,12 @@ def main() -> None:
             if m > MAX_ROW_WALK_ROWS:  # cuBLAS against the fused GEMM's configs, for the tuned table
                 for name, q, s in (("fp8", qf, sf), ("w8a8", q8, s8)):
                     ref = scaled_linear_ref(x, q, s)
+                    pre = _pre(x, q, layer, args.unfused)
                     cfgs = [c for c in GEMM_CONFIGS if c[0] != "cublas" or cublas_takes(x, q)]
                     err, ms = {}, {}
                     for c in cfgs:
-                        _try(err, ms, str(c), lambda x=x, q=q, s=s, c=c: scaled_linear(x, q, s, config=c), ref)
+                        _try(err, ms, str(c), lambda x=x, q=q, s=s, c=c, pre=pre: scaled_linear(
+                            x, q, s, config=c, pre=pre), ref)
                     best = _fastest_correct(ms, err)
                     result["walk_configs"].append({"model": model, "layer": layer, "N": n, "K": k, "M": m,
                                                    "fmt": name, "ms": ms, "err": err, "best": best})
@@ -151,11 +166,12 @@ def main() -> None:
             x = torch.randn(m, k, device=dev, generator=g).to(torch.bfloat16)
             for name, q, s in (("fp8", qf, sf), ("w8a8", q8, s8)):
                 ref = scaled_linear_ref(x, q, s)
+                pre = _pre(x, q, layer, args.unfused)
                 ms, err = {}, {}
                 # cuBLAS (after quantize_rows) beside the walks where it takes the rows: fp8 at any count
                 for cfg in SMALL_CONFIGS + ([CUBLAS_CONFIG] if cublas_takes(x, q) else []):
-                    _try(err, ms, str(cfg), lambda x=x, q=q, s=s, cfg=cfg: scaled_linear(x, q, s, config=cfg,
-                                                                                        force_walk=True), ref)
+                    _try(err, ms, str(cfg), lambda x=x, q=q, s=s, cfg=cfg, pre=pre: scaled_linear(
+                        x, q, s, config=cfg, force_walk=True, pre=pre), ref)
                 best = _fastest_correct(ms, err)
                 result["walk_configs"].append({"model": model, "layer": layer, "N": n, "K": k, "M": m, "fmt": name,
                                                "ms": ms, "err": err, "best": best})
