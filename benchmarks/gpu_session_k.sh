@@ -2,10 +2,10 @@
 # Issue 15 on an H200 in one call, with the quantizing norm and activation (fused_ops `*_quant`):
 #   1. GPU tests of the fused ops, the scaled kernels and the model on the Triton path (on failure the runs below
 #      take TACHYON_FUSED_QUANT=0: the linears quantize their rows themselves, as before)
-#   2. llama3-8b's fp8/w8a8 layers tuned at 1/4/16 rows and 256/4096 rows -> quant_tuned/<GPU>.json (tuned_<GPU>.json)
+#   2. llama3-8b's fp8/w8a8 layers tuned at 1/4/16 rows and 256 rows (TUNE_ROWS) -> quant_tuned/<GPU>.json (tuned_<GPU>.json)
 #   3. llama3-8b fp8 `single`, `sweep`, `throughput`; then fp8 `single` with TACHYON_FUSED_QUANT=0 (the A/B)
 #   4. with the time left: fp8 + fp8 KV cache `throughput`, w8a8 `single`/`throughput`, w8a8 + fp8 KV `throughput`
-# Usage (repo root, GPU machine): OUT=dir [END_S=560] [TUNE_S=180] bash benchmarks/gpu_session_k.sh
+# Usage (repo root, GPU machine): OUT=dir [END_S=560] [TUNE_S=200] [TUNE_ROWS=1,256] bash benchmarks/gpu_session_k.sh
 set -u
 export PYTHONPATH=.
 END=${END_S:-560}
@@ -16,7 +16,7 @@ gpu_tests 100 tests/kernels/test_fused_ops.py tests/kernels/test_model_triton.py
 if ! tail -1 "$OUT/gpu_tests.log" | grep -q " passed" || tail -1 "$OUT/gpu_tests.log" | grep -qE "failed|error"; then
   export TACHYON_FUSED_QUANT=0; echo "== tests did not all pass: TACHYON_FUSED_QUANT=0"
 fi
-tune_scaled ${TUNE_S:-180} 1,256,4096 1,4,16
+tune_scaled ${TUNE_S:-200} ${TUNE_ROWS:-1,256} 1,4,16
 grep -E "^(WRONG|FAILED)" "$OUT/scaled_kernels.log" | cut -c1-200 | head -5
 perf_run 8b_fp8 --quantization fp8 --workloads single,sweep,throughput
 TACHYON_FUSED_QUANT=0 perf_run 8b_fp8_unfused --quantization fp8 --workloads single

@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import time
 
 import torch
@@ -99,8 +100,9 @@ def main() -> None:
     ap.add_argument("--write-tuned", default=None,
                     help="merge the fastest small-rows config per (fp8|w8a8, row bucket, shape) into this JSON, the "
                          "table tachyon/kernels/quant_tuned/<device>.json the kernels read on this GPU model")
-    ap.add_argument("--unfused", action="store_true",
-                    help="time every layer with its own quantize_rows (the model with TACHYON_FUSED_QUANT=0)")
+    ap.add_argument("--unfused", action="store_true", default=os.environ.get("TACHYON_FUSED_QUANT") == "0",
+                    help="time every layer with its own quantize_rows (the model with TACHYON_FUSED_QUANT=0, "
+                         "the default under that variable)")
     args = ap.parse_args()
     t0 = time.perf_counter()
     rows = [int(r) for r in args.rows.split(",")]
