@@ -125,7 +125,9 @@ def test_ctrl_c_mid_generation_ends_every_rank():
     import subprocess
     import sys
 
-    script = ("from tachyon import LLM, SamplingParams\n"
+    script = ("import faulthandler, signal\n"
+              "faulthandler.register(signal.SIGUSR1, all_threads=True)  # the stacks, should it hang\n"
+              "from tachyon import LLM, SamplingParams\n"
               "llm = LLM(tensor_parallel_size=2, swap_space=0, kv_cache_memory_gib=0.1)\n"
               "print('pids', *llm.engine.runner.workers.pids, flush=True)\n"
               "llm.generate(['Once upon a time'], SamplingParams(max_tokens=1500, ignore_eos=True), use_tqdm=False)\n"
@@ -143,7 +145,13 @@ def test_ctrl_c_mid_generation_ends_every_rank():
         time.sleep(1.0)  # into the generation (1500 tokens take a minute on the CPU)
         assert proc.poll() is None, proc.communicate()[0][-2000:]
         os.killpg(proc.pid, signal.SIGINT)
-        rest = proc.communicate(timeout=60)[0]
+        try:
+            rest = proc.communicate(timeout=60)[0]
+        except subprocess.TimeoutExpired:
+            os.kill(proc.pid, signal.SIGUSR1)
+            time.sleep(2)
+            os.killpg(proc.pid, signal.SIGKILL)
+            pytest.fail("still running 60 s after Ctrl-C; its stacks:\n" + proc.communicate()[0][-6000:])
         assert "finished" not in rest and proc.returncode != 0
         assert all(_gone(p) for p in pids), "a rank outlived Ctrl-C"
     finally:
