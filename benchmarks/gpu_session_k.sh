@@ -3,7 +3,7 @@
 #   1. GPU tests of the fused ops, the scaled kernels and the model on the Triton path (on failure the runs below
 #      take TACHYON_FUSED_QUANT=0: the linears quantize their rows themselves, as before)
 #   2. llama3-8b's fp8/w8a8 layers tuned at 1/4/16 rows and 256 rows (TUNE_ROWS) -> quant_tuned/<GPU>.json (tuned_<GPU>.json)
-#   3. llama3-8b fp8 `single`, `sweep`, `throughput`; then fp8 `single` with TACHYON_FUSED_QUANT=0 (the A/B)
+#   3. llama3-8b fp8 `single`, then with TACHYON_FUSED_QUANT=0 (the A/B), then fp8 `sweep`, `throughput`
 #   4. with the time left: fp8 + fp8 KV cache `throughput`, w8a8 `single`/`throughput`, w8a8 + fp8 KV `throughput`
 # Usage (repo root, GPU machine): OUT=dir [END_S=560] [TUNE_S=200] [TUNE_ROWS=1,256] bash benchmarks/gpu_session_k.sh
 set -u
@@ -18,8 +18,9 @@ if ! tail -1 "$OUT/gpu_tests.log" | grep -q " passed" || tail -1 "$OUT/gpu_tests
 fi
 tune_scaled ${TUNE_S:-200} ${TUNE_ROWS:-1,256} 1,4,16
 grep -E "^(WRONG|FAILED)" "$OUT/scaled_kernels.log" | cut -c1-200 | head -5
-perf_run 8b_fp8 --quantization fp8 --workloads single,sweep,throughput
+perf_run 8b_fp8 --quantization fp8 --workloads single
 TACHYON_FUSED_QUANT=0 perf_run 8b_fp8_unfused --quantization fp8 --workloads single
+perf_run 8b_fp8_curve --quantization fp8 --workloads sweep,throughput
 perf_run 8b_fp8_kvfp8 --quantization fp8 --kv-cache-dtype fp8 --workloads throughput
 perf_run 8b_w8a8 --quantization w8a8 --workloads single,throughput
 perf_run 8b_w8a8_kvfp8 --quantization w8a8 --kv-cache-dtype fp8 --workloads throughput
