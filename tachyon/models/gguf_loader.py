@@ -150,17 +150,16 @@ def converted_dir(gguf_path: str) -> str:
         with open(os.path.join(tmp, "SOURCE"), "w") as f:
             f.write(gguf_path + "\n")
         open(os.path.join(tmp, "DONE"), "w").close()
-        # another process (a second server's first start, a parallel test worker) may have converted the same
-        # file meanwhile: its directory is in use, so it stays and ours goes; a leftover without DONE goes
-        if os.path.exists(os.path.join(out, "DONE")):
-            return out
-        if os.path.exists(out):
-            shutil.rmtree(out, ignore_errors=True)
+        # one rename makes the whole directory appear. Another process (a second server's first start, a parallel
+        # test worker) may have converted the same file meanwhile: then the rename fails (out is not empty) and
+        # its directory, which may be in use, stays; only a leftover without DONE (a conversion killed before the
+        # old layout's rename) is removed
         try:
             os.replace(tmp, out)
-        except OSError:
+        except OSError:  # out is there and not empty
             if not os.path.exists(os.path.join(out, "DONE")):
-                raise
+                shutil.rmtree(out, ignore_errors=True)
+                os.replace(tmp, out)
     finally:
         if os.path.exists(tmp):
             shutil.rmtree(tmp, ignore_errors=True)
