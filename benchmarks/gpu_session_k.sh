@@ -5,18 +5,19 @@
 #   2. llama3-8b's fp8/w8a8 layers tuned at 1/4/16 rows and 256 rows (TUNE_ROWS) -> quant_tuned/<GPU>.json (tuned_<GPU>.json)
 #   3. llama3-8b fp8 `single`, then with TACHYON_FUSED_QUANT=0 (the A/B), then fp8 `sweep`, `throughput`
 #   4. with the time left: fp8 + fp8 KV cache `throughput`, w8a8 `single`/`throughput`, w8a8 + fp8 KV `throughput`
-# Usage (repo root, GPU machine): OUT=dir [END_S=560] [TUNE_S=200] [TUNE_ROWS=1,256] bash benchmarks/gpu_session_k.sh
+# Usage (repo root, GPU machine): OUT=dir [END_S=560] [TUNE_S=200] [TUNE_ROWS=1,256] [TUNE_CFG_ROWS=1,4,16]
+#   [TEST_S=100] [TEST_K=pytest -k expression] bash benchmarks/gpu_session_k.sh
 set -u
 export PYTHONPATH=.
 END=${END_S:-560}
 . benchmarks/gpu_lib.sh
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader > "$OUT/gpu.txt"; cat "$OUT/gpu.txt"
-gpu_tests 100 tests/kernels/test_fused_ops.py tests/kernels/test_model_triton.py \
+gpu_tests ${TEST_S:-100} -k "${TEST_K:-not nothing}" tests/kernels/test_fused_ops.py tests/kernels/test_model_triton.py \
   tests/kernels/test_scaled_linear.py::test_rows_quantized_by_a_producer_replace_the_quantize_launch
 if ! tail -1 "$OUT/gpu_tests.log" | grep -q " passed" || tail -1 "$OUT/gpu_tests.log" | grep -qE "failed|error"; then
   export TACHYON_FUSED_QUANT=0; echo "== tests did not all pass: TACHYON_FUSED_QUANT=0"
 fi
-tune_scaled ${TUNE_S:-200} ${TUNE_ROWS:-1,256} 1,4,16
+tune_scaled ${TUNE_S:-200} ${TUNE_ROWS:-1,256} ${TUNE_CFG_ROWS:-1,4,16}
 grep -E "^(WRONG|FAILED)" "$OUT/scaled_kernels.log" | cut -c1-200 | head -5
 perf_run 8b_fp8 --quantization fp8 --workloads single
 TACHYON_FUSED_QUANT=0 perf_run 8b_fp8_unfused --quantization fp8 --workloads single
