@@ -125,7 +125,13 @@ def test_ctrl_c_mid_generation_ends_every_rank():
     import subprocess
     import sys
 
+    # as a terminal starts it: Ctrl-C delivered (a test runner's process, e.g. a pytest-xdist worker after other
+    # tests, may pass on SIGINT blocked or ignored, and then no Ctrl-C ever arrives)
     script = ("import faulthandler, signal\n"
+              "print('inherited', signal.SIGINT in signal.pthread_sigmask(signal.SIG_BLOCK, []),\n"
+              "      signal.getsignal(signal.SIGINT), flush=True)\n"
+              "signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGINT])\n"
+              "signal.signal(signal.SIGINT, signal.default_int_handler)\n"
               "faulthandler.register(signal.SIGUSR1, all_threads=True)  # the stacks, should it hang\n"
               "from tachyon import LLM, SamplingParams\n"
               "llm = LLM(tensor_parallel_size=2, swap_space=0, kv_cache_memory_gib=0.1)\n"
@@ -151,7 +157,8 @@ def test_ctrl_c_mid_generation_ends_every_rank():
             os.kill(proc.pid, signal.SIGUSR1)
             time.sleep(2)
             os.killpg(proc.pid, signal.SIGKILL)
-            pytest.fail("still running 60 s after Ctrl-C; its stacks:\n" + proc.communicate()[0][-6000:])
+            pytest.fail(f"still running 60 s after Ctrl-C ({lines[0].strip()}); its stacks:\n"
+                        + proc.communicate()[0][-6000:])
         assert "finished" not in rest and proc.returncode != 0
         assert all(_gone(p) for p in pids), "a rank outlived Ctrl-C"
     finally:
