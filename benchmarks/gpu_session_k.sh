@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Issue 15 on an H200 in one call, with the quantizing norm and activation (fused_ops `*_quant`):
-#   1. GPU tests of the fused ops, the scaled kernels and the model on the Triton path (on failure the runs below
-#      take TACHYON_FUSED_QUANT=0: the linears quantize their rows themselves, as before)
+#   1. GPU tests of the fused ops, the scaled kernels and the model on the Triton path; if they pass, the runs
+#      below take TACHYON_FUSED_QUANT=1 (the tuner times and the engine runs the quantizing norm and activation),
+#      else the default (the linears quantize their rows themselves)
 #   2. llama3-8b's fp8/w8a8 layers tuned at 1/4/16 rows and 256 rows (TUNE_ROWS) -> quant_tuned/<GPU>.json (tuned_<GPU>.json)
 #   3. llama3-8b fp8 `single`, then with TACHYON_FUSED_QUANT=0 (the A/B), then fp8 `sweep`, `throughput`
 #   4. with the time left: fp8 + fp8 KV cache `throughput`, w8a8 `single`/`throughput`, w8a8 + fp8 KV `throughput`
@@ -14,8 +15,10 @@ END=${END_S:-560}
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader > "$OUT/gpu.txt"; cat "$OUT/gpu.txt"
 gpu_tests ${TEST_S:-100} -k "${TEST_K:-not nothing}" tests/kernels/test_fused_ops.py tests/kernels/test_model_triton.py \
   tests/kernels/test_scaled_linear.py::test_rows_quantized_by_a_producer_replace_the_quantize_launch
-if ! tail -1 "$OUT/gpu_tests.log" | grep -q " passed" || tail -1 "$OUT/gpu_tests.log" | grep -qE "failed|error"; then
-  export TACHYON_FUSED_QUANT=0; echo "== tests did not all pass: TACHYON_FUSED_QUANT=0"
+if tail -1 "$OUT/gpu_tests.log" | grep -q " passed" && ! tail -1 "$OUT/gpu_tests.log" | grep -qE "failed|error"; then
+  export TACHYON_FUSED_QUANT=1
+else
+  echo "== tests did not all pass: the runs below without TACHYON_FUSED_QUANT=1"
 fi
 tune_scaled ${TUNE_S:-200} ${TUNE_ROWS:-1,256} ${TUNE_CFG_ROWS:-1,4,16}
 grep -E "^(WRONG|FAILED)" "$OUT/scaled_kernels.log" | cut -c1-200 | head -5

@@ -5,10 +5,10 @@ config (walk and tensor-core dot) at 1, 4 and 16 rows; above 16 rows cuBLAS agai
 `--write-tuned` keeps the fastest per shape and row bucket. Times: median of CUDA-graph replays of 10 calls each,
 weights larger than L2 so they come from HBM.
 
-The configs of the layers whose input comes from a fused norm or activation (qkv, gate_up, down:
-`install_fused_ops` hands them their rows already quantized) are timed as they run in the model: the kinds that
-quantize first (qdot, qwalk, gemm, cuBLAS) get the quantized rows (`pre`) and skip `quantize_rows`. `--unfused`
-times them with it, as with TACHYON_FUSED_QUANT=0.
+With `--fused` (the default under TACHYON_FUSED_QUANT=1, as the model then runs) the layers whose input comes from
+the quantizing norm or activation (qkv, gate_up, down: `install_fused_ops` hands them their rows already quantized)
+are timed as they run there: the kinds that quantize first (qdot, qwalk, gemm, cuBLAS) get the quantized rows
+(`pre`) and skip `quantize_rows`.
 
     PYTHONPATH=. python benchmarks/scaled_kernels.py --out scaled_kernels.json [--rows 1,16,64,256,4096]
         [--write-tuned tachyon/kernels/quant_tuned/NVIDIA_H200.json]
@@ -84,9 +84,9 @@ def _fastest_correct(ms: dict, err: dict) -> str:
     return min((c for c in ms if c not in bad), key=ms.get)
 
 
-def _pre(x: torch.Tensor, q: torch.Tensor, layer: str, unfused: bool):
+def _pre(x: torch.Tensor, q: torch.Tensor, layer: str, fused: bool):
     """x's rows quantized for q, as the fused producer before a FED_LAYERS layer hands them; None otherwise."""
-    return None if unfused or layer not in FED_LAYERS else quantize_rows(x, q.dtype)
+    return quantize_rows(x, q.dtype) if fused and layer in FED_LAYERS else None
 
 
 def main() -> None:
@@ -100,16 +100,17 @@ def main() -> None:
     ap.add_argument("--write-tuned", default=None,
                     help="merge the fastest small-rows config per (fp8|w8a8, row bucket, shape) into this JSON, the "
                          "table tachyon/kernels/quant_tuned/<device>.json the kernels read on this GPU model")
-    ap.add_argument("--unfused", action="store_true", default=os.environ.get("TACHYON_FUSED_QUANT") == "0",
-                    help="time every layer with its own quantize_rows (the model with TACHYON_FUSED_QUANT=0, "
-                         "the default under that variable)")
+    ap.add_argument("--fused", action=argparse.BooleanOptionalAction,
+                    default=os.environ.get("TACHYON_FUSED_QUANT") == "1",
+                    help="time qkv/gate_up/down with their rows quantized by the norm or activation before them, as "
+                         "the model runs with TACHYON_FUSED_QUANT=1 (default: as that variable says)")
     args = ap.parse_args()
     t0 = time.perf_counter()
     rows = [int(r) for r in args.rows.split(",")]
     dev = "cuda"
     g = torch.Generator(device=dev).manual_seed(0)
     result = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "checks": [], "timings": [],
-              "walk_configs": [], "fed_layers": [] if args.unfused else list(FED_LAYERS)}
+              "walk_configs": [], "fed_layers": list(FED_LAYERS) if args.fused else []}
     for model, layer, n, k in [s for s in SHAPES if s[0] in args.models.split(",")]:
         w = torch.randn(n, k, device=dev, generator=g) / math.sqrt(k)
         wb = w.to(torch.bfloat16)
@@ -146,7 +147,7 @@ def main() -> None:
             if m > MAX_ROW_WALK_ROWS:  # cuBLAS against the fused GEMM's configs, for the tuned table
                 for name, q, s in (("fp8", qf, sf), ("w8a8", q8, s8)):
                     ref = scaled_linear_ref(x, q, s)
-                    pre = _pre(x, q, layer, args.unfused)
+                    pre = _pre(x, q, layer, args.fused)
                     cfgs = [c for c in GEMM_CONFIGS if c[0] != "cublas" or cublas_takes(x, q)]
                     err, ms = {}, {}
                     for c in cfgs:
@@ -168,7 +169,7 @@ def main() -> None:
             x = torch.randn(m, k, device=dev, generator=g).to(torch.bfloat16)
             for name, q, s in (("fp8", qf, sf), ("w8a8", q8, s8)):
                 ref = scaled_linear_ref(x, q, s)
-                pre = _pre(x, q, layer, args.unfused)
+                pre = _pre(x, q, layer, args.fused)
                 ms, err = {}, {}
                 # cuBLAS (after quantize_rows) beside the walks where it takes the rows: fp8 at any count
                 for cfg in SMALL_CONFIGS + ([CUBLAS_CONFIG] if cublas_takes(x, q) else []):

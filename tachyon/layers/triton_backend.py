@@ -82,10 +82,10 @@ def install_fused_ops(model: torch.nn.Module, quantized_inputs: bool | None = No
     silu_and_mul reference, at the Triton kernels. Where a module declares which of its norms or activation feeds
     which linear (`QUANT_FEEDS`: (producer, linear) attribute paths) and that linear is a `ScaledLinear`, the
     producer also writes its output's rows quantized for it (`QuantizedRows`): one launch and one read of the
-    activations fewer a linear. quantized_inputs: whether to (default: unless TACHYON_FUSED_QUANT=0, an A/B switch
-    for measuring). Returns the model."""
+    activations fewer a linear. quantized_inputs: whether to (default: only with TACHYON_FUSED_QUANT=1 until a GPU
+    run has measured it against the linears' own quantize_rows; the switch is for that A/B). Returns the model."""
     if quantized_inputs is None:
-        quantized_inputs = os.environ.get("TACHYON_FUSED_QUANT", "1") != "0"
+        quantized_inputs = os.environ.get("TACHYON_FUSED_QUANT", "0") == "1"
     for module in model.modules():
         if isinstance(module, RMSNorm):
             module.fused = fused_add_rms_norm

@@ -35,6 +35,7 @@ def test_norms_and_activation_hand_w8a8_linears_their_rows_quantized(tmp_path, d
     from tachyon.kernels.quant_ref import quantize_rows_ref
     from tachyon.layers.linear import ScaledLinear
 
+    monkeypatch.delenv("TACHYON_FUSED_QUANT", raising=False)
     make_tiny_checkpoint("llama", str(tmp_path), seed=5)
     llm = LLM(model=str(tmp_path), quantization="w8a8", attention_backend="triton", dtype="float32",
               num_kv_blocks=64, block_size=8, swap_space=0, max_num_batched_tokens=32, enforce_eager=True)
@@ -52,10 +53,10 @@ def test_norms_and_activation_hand_w8a8_linears_their_rows_quantized(tmp_path, d
     monkeypatch.setattr(ScaledLinear, "_matmul", checked)
     prompts = [{"prompt_token_ids": [5 + (11 * i + 3 * j) % 400 for j in range(n)]} for i, n in enumerate((4, 37))]
     params = SamplingParams(temperature=0, max_tokens=5, ignore_eos=True)
-    install_fused_ops(model, quantized_inputs=False)
+    install_fused_ops(model)  # off by default (TACHYON_FUSED_QUANT unset)
     plain = [o.outputs[0].token_ids for o in llm.generate(prompts, params)]
     assert not seen
-    install_fused_ops(model)
+    install_fused_ops(model, quantized_inputs=True)
     fused = [o.outputs[0].token_ids for o in llm.generate(prompts, params)]
     assert fused == plain
     linears = {id(m) for layer in model.layers
