@@ -125,8 +125,9 @@ def test_ctrl_c_mid_generation_ends_every_rank():
     import subprocess
     import sys
 
-    # as a terminal starts it: Ctrl-C delivered (a test runner's process, e.g. a pytest-xdist worker after other
-    # tests, may pass on SIGINT blocked or ignored, and then no Ctrl-C ever arrives)
+    # as a terminal starts it: Ctrl-C delivered. A suite started as a shell's background job (`cmd &` without job
+    # control) inherits SIGINT ignored, Python keeps it so, and the script would never see the Ctrl-C (this test
+    # failed that way whenever .ci/run ran in the background)
     script = ("import faulthandler, signal\n"
               "print('inherited', signal.SIGINT in signal.pthread_sigmask(signal.SIG_BLOCK, []),\n"
               "      signal.getsignal(signal.SIGINT), flush=True)\n"
