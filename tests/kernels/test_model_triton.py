@@ -3,6 +3,7 @@ kernel included) gives transformers' greedy tokens: on the CPU through Triton's 
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from tachyon import LLM, SamplingParams
@@ -28,16 +29,18 @@ def test_triton_path_greedy_matches_transformers(tmp_path, device):
     assert llm.engine.kv.num_free_blocks == llm.engine.kv.num_blocks
 
 
-def test_norms_and_activation_hand_w8a8_linears_their_rows_quantized(tmp_path, device, monkeypatch):
-    # a w8a8 model on the Triton path (int8: the interpreter has no float8): each RMSNorm before qkv_proj or
-    # gate_up_proj, and the MLP's activation before down_proj, hands the linear its rows quantized as well
-    # (QuantizedRows), exactly `quantize_rows_ref` of the rows it reads; the tokens are those of the path without
-    from tachyon.kernels.quant_ref import quantize_rows_ref
+@pytest.mark.parametrize("method", ["w8a8", pytest.param("fp8", marks=pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="the interpreter has no float8"))])
+def test_norms_and_activation_hand_8bit_linears_their_rows_quantized(tmp_path, device, monkeypatch, method):
+    # an fp8/w8a8 model on the Triton path: each RMSNorm before qkv_proj or gate_up_proj, and the MLP's activation
+    # before down_proj, hands the linear its rows quantized as well (QuantizedRows), exactly what the linear's own
+    # `quantize_rows` makes of the rows it reads; the tokens are those of the path without
+    from tachyon.kernels.scaled_linear import quantize_rows
     from tachyon.layers.linear import ScaledLinear
 
     monkeypatch.delenv("TACHYON_FUSED_QUANT", raising=False)
     make_tiny_checkpoint("llama", str(tmp_path), seed=5)
-    llm = LLM(model=str(tmp_path), quantization="w8a8", attention_backend="triton", dtype="float32",
+    llm = LLM(model=str(tmp_path), quantization=method, attention_backend="triton", dtype="float32",
               num_kv_blocks=64, block_size=8, swap_space=0, max_num_batched_tokens=32, enforce_eager=True)
     model = llm.engine.runner.model
     seen = []
@@ -45,8 +48,8 @@ def test_norms_and_activation_hand_w8a8_linears_their_rows_quantized(tmp_path, d
 
     def checked(self, x, pre=None):
         if pre is not None:
-            q, s = quantize_rows_ref(x, torch.int8)
-            assert torch.equal(pre[0], q) and torch.equal(pre[1], s)
+            q, s = quantize_rows(x, self.weight.dtype)
+            assert torch.equal(pre[0].view(torch.int8), q.view(torch.int8)) and torch.equal(pre[1], s)
             seen.append(self)
         return matmul(self, x, pre)
 
