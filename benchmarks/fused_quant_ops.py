@@ -15,19 +15,13 @@ import torch
 
 from tachyon.kernels.fused_ops import fused_add_rms_norm, silu_and_mul, silu_and_mul_quant
 from tachyon.kernels.scaled_linear import quantize_rows
-from tachyon.kernels.timing import median_replay_ms
+from tachyon.kernels.timing import per_call_ms
 
 CALLS = 20
 
 
 def time_us(fn) -> float:
-    fn()
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for _ in range(CALLS):
-            fn()
-    return median_replay_ms(g, reps=7) / CALLS * 1000
+    return per_call_ms(fn, CALLS, reps=7) * 1000
 
 
 def _cases(x, res, w, g, qtype) -> dict:

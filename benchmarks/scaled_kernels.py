@@ -36,24 +36,22 @@ from tachyon.kernels.scaled_linear import (
     scaled_linear,
     scaled_linear_ref,
 )
-from tachyon.kernels.timing import median_replay_ms
+from tachyon.kernels.timing import per_call_ms
+from tachyon.models.llama import MLP, DecoderLayer
 
 SHAPES = [("llama3-8b", "qkv", 6144, 4096), ("llama3-8b", "o", 4096, 4096),
           ("llama3-8b", "gate_up", 28672, 4096), ("llama3-8b", "down", 4096, 14336),
           ("llama3-70b", "gate_up", 57344, 8192), ("llama3-70b", "down", 8192, 28672)]
 CONFIG_ROWS = (1, 4, 16)  # one of each row bucket the small-rows path serves
-FED_LAYERS = ("qkv", "gate_up", "down")  # their input rows come quantized from the norm or activation before them
+# the layers whose input rows come quantized from the norm or activation before them (the model's QUANT_FEEDS:
+# qkv, gate_up, down)
+FED_LAYERS = tuple(linear.rsplit(".", 1)[-1].removesuffix("_proj")
+                   for cls in (DecoderLayer, MLP) for _, linear in cls.QUANT_FEEDS)
 CALLS = 10
 
 
 def time_ms(fn) -> float:
-    fn()
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for _ in range(CALLS):
-            fn()
-    return median_replay_ms(g, reps=7) / CALLS
+    return per_call_ms(fn, CALLS, reps=7)
 
 
 def rel(out, ref) -> float:

@@ -19,3 +19,15 @@ def median_replay_ms(graph: torch.cuda.CUDAGraph, reps: int = 5) -> float:
         e.synchronize()
         times.append(s.elapsed_time(e))
     return sorted(times)[len(times) // 2]
+
+
+def per_call_ms(fn, calls: int = 1, reps: int = 5) -> float:
+    """GPU ms of one call of fn: one eager call (compiles, allocates), then `calls` calls captured in one CUDA
+    graph, the median of `reps` replays divided by `calls`."""
+    fn()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(calls):
+            fn()
+    return median_replay_ms(graph, reps) / calls

@@ -326,8 +326,6 @@ class ScaledLinear(QuantLinear):
     def forward(self, x: torch.Tensor | QuantizedRows) -> torch.Tensor:
         if not isinstance(x, QuantizedRows):
             return super().forward(x)
-        if x.q.dim() != 2 or x.q.shape[1] != self.in_features:
-            raise ValueError(f"QuantizedRows of shape {tuple(x.q.shape)} for a layer of {self.in_features} inputs")
         y = self._matmul(x.x.reshape(-1, self.in_features), (x.q, x.scale))
         return y.reshape(*x.x.shape[:-1], self.out_features)
 

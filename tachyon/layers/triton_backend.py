@@ -73,7 +73,7 @@ class _SiluAndMulQuant:
         self.qtype, self.input_scale = linear.input_quantization()
 
     def __call__(self, x: torch.Tensor) -> QuantizedRows:
-        out, (q, scale) = silu_and_mul_quant(x.reshape(-1, x.shape[-1]), self.qtype, self.input_scale)
+        out, (q, scale) = silu_and_mul_quant(x, self.qtype, self.input_scale)
         return QuantizedRows(out, q, scale)
 
 
