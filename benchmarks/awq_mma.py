@@ -1,0 +1,103 @@
+"""The K-major INT4 tensor-core prototype (tachyon/kernels/awq_mma.py) against what the engine runs today
+(awq_linear with this GPU's tuned config) and cuBLAS bf16, on llama3-70b's and llama3-8b's layers.
+
+    PYTHONPATH=. python benchmarks/awq_mma.py --out $OUT/awq_mma.json [--rows 1,16,64,256] [--budget-s 150]
+
+Per (layer, M): the relative error of each kernel against awq_linear_ref (bf16), then GPU ms per call (a CUDA
+graph over weight copies adding up to > 256 MB, so nothing is served from L2; median of 10 replays) and GB/s of
+the weight's bytes (K*N/2 + zeros + bf16 scales). Every MMA_CONFIGS entry is timed while the budget lasts; the
+best one is reported beside today's kernel. A config further than 2e-2 from the reference is not timed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+import time
+
+import torch
+import triton
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from quant_kernels import DEV, GROUP, L2_DEFEAT_BYTES, SHAPES, graph_ms, rel_errs, weight_bytes  # noqa: E402
+
+from tachyon.kernels.awq_mma import MMA_CONFIGS, awq_mma_linear, pack_int4_kmajor  # noqa: E402
+from tachyon.kernels.quant_linear import awq_linear, awq_linear_ref, default_config  # noqa: E402
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rows", default="1,16,64,256")
+    ap.add_argument("--models", default="llama3-70b,llama3-8b")
+    ap.add_argument("--budget-s", type=float, default=150.0)
+    ap.add_argument("--out", required=True)
+    args = ap.parse_args()
+    rows = [int(r) for r in args.rows.split(",")]
+    models = args.models.split(",")
+    start = time.monotonic()
+    g = torch.Generator(device=DEV).manual_seed(0)
+    dtype = torch.bfloat16
+    report = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
+              "command": " ".join(sys.argv), "group": GROUP, "results": []}
+    for model, layer, n, k in [s for s in SHAPES if s[0] in models]:
+        wb = weight_bytes("awq", n, k)
+        copies = max(2, -(-L2_DEFEAT_BYTES // wb))
+        ws = []
+        for _ in range(copies):
+            q = torch.randint(-2**31, 2**31, (k, n // 8), dtype=torch.int32, device=DEV, generator=g)
+            z = torch.randint(-2**31, 2**31, (k // GROUP, n // 8), dtype=torch.int32, device=DEV, generator=g)
+            s = (torch.randn(k // GROUP, n, device=DEV, generator=g) * (0.3 / math.sqrt(k))).to(dtype)
+            ws.append((q, z, s, pack_int4_kmajor(q)))
+        dense = [torch.randn(n, k, device=DEV, dtype=dtype, generator=g) / math.sqrt(k)
+                 for _ in range(max(2, -(-L2_DEFEAT_BYTES // (2 * n * k))))]
+        for m in rows:
+            x = torch.randn(m, k, device=DEV, generator=g).to(dtype)
+            y = torch.empty(m, n, device=DEV, dtype=dtype)
+            q, z, s, qk = ws[0]
+            ref = awq_linear_ref(x, q, z, s, GROUP)
+            row = {"model": model, "layer": layer, "N": n, "K": k, "M": m, "weight_bytes": wb}
+            today = default_config("awq", m, n, k, x.device, GROUP)
+            row["today"] = {"config": str(today), "rel_err": rel_errs(awq_linear(x, q, z, s, GROUP), ref)[0]}
+            row["today"]["ms"] = graph_ms(lambda w, x=x, y=y: awq_linear(x, w[0], w[1], w[2], GROUP, out=y), ws)
+            row["cublas_bf16_ms"] = graph_ms(lambda w, x=x, y=y: torch.mm(x, w.t(), out=y), dense)
+            cfgs = {}
+            for cfg in MMA_CONFIGS:
+                if cfg[1] > max(16, triton.next_power_of_2(m)) and cfg is not MMA_CONFIGS[0]:
+                    continue  # taller tiles than the rows need: the same kernel as a shorter one
+                if time.monotonic() - start > args.budget_s and cfgs:
+                    break
+                try:
+                    err = rel_errs(awq_mma_linear(x, qk, z, s, GROUP, config=cfg), ref)[0]
+                    entry = {"rel_err": err}
+                    if err <= 2e-2:
+                        entry["ms"] = graph_ms(
+                            lambda w, x=x, y=y, cfg=cfg: awq_mma_linear(x, w[3], w[1], w[2], GROUP, config=cfg,
+                                                                          out=y), ws)
+                except Exception as e:  # a config that does not compile on this GPU: say so, go on
+                    entry = {"error": repr(e)[:300]}
+                cfgs[str(cfg)] = entry
+            row["mma"] = cfgs
+            timed = {c: v["ms"] for c, v in cfgs.items() if "ms" in v}
+            if timed:
+                best = min(timed, key=timed.get)
+                row["mma_best"] = {"config": best, "ms": timed[best], "GBps": wb / timed[best] / 1e6,
+                                   "speedup_vs_today": row["today"]["ms"] / timed[best]}
+            row["today"]["GBps"] = wb / row["today"]["ms"] / 1e6
+            report["results"].append(row)
+            b = row.get("mma_best", {})
+            print(f"{model} {layer} M={m}: today {row['today']['ms']:.4f} ms ({row['today']['GBps']:.0f} GB/s, "
+                  f"err {row['today']['rel_err']:.1e}) | mma {b.get('ms', float('nan')):.4f} ms "
+                  f"({b.get('GBps', 0):.0f} GB/s, {b.get('config')}) x{b.get('speedup_vs_today', 0):.2f} | "
+                  f"cuBLAS bf16 {row['cublas_bf16_ms']:.4f} ms", flush=True)
+            with open(args.out, "w") as f:
+                json.dump(report, f, indent=1)
+        del ws, dense
+        torch.cuda.empty_cache()
+    print("wrote", args.out)
+
+
+if __name__ == "__main__":
+    main()

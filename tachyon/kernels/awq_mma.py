@@ -1,0 +1,164 @@
+"""INT4 (W4A16) on tensor cores for 1-256 rows, from a K-major packing: a prototype beside quant_linear.py's
+kernels, measured by benchmarks/awq_mma.py before the engine takes it.
+
+Why another layout. The natural/AWQ packing holds 8 *columns* in a word, so a dot tile needs the nibbles spread
+into 8 columns (a reshape), and Triton moves the dequantized tile through shared memory to the MMA's operand
+layout; that round trip is what bounds quant_linear.py's 16-row tile near 1 TB/s. Here a word holds 8 *rows*
+of K for one output column, 16 rows apart:
+
+    K-major word [16 t + i, n], nibble j  =  q[128 t + 16 j + i, n]        (t a 128-row tile of K, i in 0..15)
+
+so the j-th 16-row slice of a 128-row tile is (word >> 4j) & 15 of the *same* loaded [N, 16] block: eight
+elementwise extractions of one load, each the A operand of one dot([BLOCK_N, 16] x [16, BLOCK_M]) (out^T =
+W^T x^T, the weight on the MMA's M side, the activation rows on its N side, at least 16 of them). No reshape, no
+int-to-float conversion: the nibble under the bits of 1024 (fp16, 0x6400) or 128 (bf16, 0x4300) *is* the
+half-precision number 1024 + v (128 + v), exact; the offset comes off with the zero point in fp32 once a group:
+
+    y[m, n] += s[g, n] * (sum_k (off + q[k, n]) x[m, k]  -  (off + z[g, n]) * sum_k x[m, k])
+
+Zero points and scales keep the natural layout (qzeros [K/G, N/8], scales [K/G, N]). K % 128 == 0; G a power of two
+>= 32 (it divides 128 or 128 divides it). Activations fp16 or bf16 (fp32 has no 16-bit magic number).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from tachyon.kernels import pdl
+from tachyon.kernels.quant_linear import _num_sms, _output, _sum_splits, split_k
+from tachyon.kernels.quant_ref import check_awq_args, unpack_int4
+
+TILE_K = 128  # rows of K a loaded block of words covers: 16 word rows x 8 nibbles
+# (BLOCK_N, BLOCK_M, SPLIT_K, num_warps, num_stages); SPLIT_K 0: split_k picks it from the shape
+MMA_CONFIGS = [(64, 16, 0, 4, 3), (128, 16, 0, 4, 3), (128, 16, 0, 8, 3), (64, 16, 0, 4, 4), (64, 32, 0, 4, 3),
+               (128, 64, 0, 8, 3), (64, 64, 0, 4, 3), (128, 128, 0, 8, 3)]
+_MAGIC = {torch.float16: (0x6400, 1024.0), torch.bfloat16: (0x4300, 128.0)}
+
+
+def pack_int4_kmajor(qweight: torch.Tensor) -> torch.Tensor:
+    """Natural-order qweight int32 [K, N // 8] (quant_ref's layout) -> K-major int32 [K // 8, N] (this module's)."""
+    if qweight.dtype != torch.int32 or qweight.dim() != 2:
+        raise TypeError(f"pack_int4_kmajor takes an int32 [K, N // 8] qweight, got {qweight.dtype} "
+                        f"{tuple(qweight.shape)}")
+    k = qweight.shape[0]
+    if k % TILE_K:
+        raise ValueError(f"pack_int4_kmajor: K = {k} must be a multiple of {TILE_K}")
+    q = unpack_int4(qweight)  # [K, N] values 0..15
+    n = q.shape[1]
+    q = q.view(k // TILE_K, 8, 16, n)  # [t, j, i, n]
+    packed = torch.zeros(k // TILE_K, 16, n, dtype=torch.int64, device=q.device)
+    for j in range(8):
+        packed |= q[:, j].to(torch.int64) << (4 * j)
+    packed = torch.where(packed >= 2**31, packed - 2**32, packed)  # int32 two's complement bits
+    return packed.to(torch.int32).view(k // 8, n)
+
+
+def unpack_int4_kmajor(packed: torch.Tensor) -> torch.Tensor:
+    """K-major int32 [K // 8, N] -> int32 [K, N] of values 0..15 (the inverse of pack_int4_kmajor's packing)."""
+    k8, n = packed.shape
+    shifts = torch.arange(0, 32, 4, dtype=torch.int32, device=packed.device)
+    v = (packed.view(k8 // 16, 16, n).unsqueeze(1) >> shifts.view(1, 8, 1, 1)) & 0xF  # [t, j, i, n]
+    return v.reshape(k8 * 8, n)
+
+
+@triton.jit
+def _awq_mma_kernel(
+    x_ptr, qw_ptr, qz_ptr, s_ptr, b_ptr, out_ptr,
+    M, N, N8, K, K_SPLIT, stride_xm, stride_om, stride_os,
+    GROUP: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr,
+    MAGIC: tl.constexpr, OFFSET: tl.constexpr, PDL: tl.constexpr = False,
+):
+    """Program (pid_n, pid_m, pid_k): outputs [BLOCK_N] x rows [BLOCK_M] over one K split of whole 128-row
+    tiles. Per tile one [BLOCK_N, 16] load of words, eight dots of K 16; the group's zero and scale are applied
+    to the dots' fp32 sum every E dots (E = min(GROUP, 128) / 16)."""
+    pdl.enter(PDL)
+    pid_n, pid_m, pid_k = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    E: tl.constexpr = min(GROUP, 128) // 16
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    mask_n = offs_n < N
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    mask_m = offs_m < M
+    offs_i = tl.arange(0, 16)
+    q_ptrs = qw_ptr + offs_i.to(tl.int64)[None, :] * N + offs_n[:, None]  # [BLOCK_N, 16]
+    x_ptrs = x_ptr + offs_m.to(tl.int64)[None, :] * stride_xm + offs_i[:, None]  # [16, BLOCK_M]: x^T
+    zero_shift = (offs_n % 8) * 4
+    k_start = pid_k * K_SPLIT
+    k_end = tl.minimum(k_start + K_SPLIT, K)
+    acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+    q_ptrs += (k_start // 8).to(tl.int64) * N
+    for k0 in range(k_start, k_end, 128):
+        q = tl.load(q_ptrs, mask=mask_n[:, None], other=0)
+        q_ptrs += 16 * N
+        for j in tl.static_range(8):
+            a = (((q >> (4 * j)) & 0xF) | MAGIC).to(tl.int16).to(x_ptr.dtype.element_ty, bitcast=True)
+            xj = tl.load(x_ptrs + (k0 + 16 * j), mask=mask_m[None, :], other=0.0)
+            if j % E == 0:
+                part = tl.dot(a, xj)
+                xs = tl.sum(xj.to(tl.float32), axis=0)
+            else:
+                part = tl.dot(a, xj, part)
+                xs += tl.sum(xj.to(tl.float32), axis=0)
+            if (j + 1) % E == 0:
+                g = (k0 + 16 * (j + 1 - E)) // GROUP
+                zw = tl.load(qz_ptr + g * N8 + offs_n // 8, mask=mask_n, other=0)
+                z = ((zw >> zero_shift) & 0xF).to(tl.float32) + OFFSET
+                s = tl.load(s_ptr + g * N + offs_n, mask=mask_n, other=0.0).to(tl.float32)
+                acc += s[:, None] * (part - z[:, None] * xs[None, :])
+    if HAS_BIAS:
+        acc += tl.load(b_ptr + offs_n, mask=mask_n, other=0.0).to(tl.float32)[:, None]
+    y = out_ptr + pid_k.to(tl.int64) * stride_os + offs_m.to(tl.int64)[None, :] * stride_om + offs_n[:, None]
+    tl.store(y, acc.to(out_ptr.dtype.element_ty), mask=mask_n[:, None] & mask_m[None, :])
+
+
+def check_mma_args(x, qweight_k, qzeros, scales, group_size: int, bias, what: str) -> tuple[int, int]:
+    if qweight_k.dtype != torch.int32 or qweight_k.dim() != 2:
+        raise TypeError(f"{what}: qweight must be a K-major int32 [K // 8, N], got {qweight_k.dtype} "
+                        f"{tuple(qweight_k.shape)}")
+    k, n = qweight_k.shape[0] * 8, qweight_k.shape[1]
+    if k % TILE_K:
+        raise ValueError(f"{what}: K = {k} must be a multiple of {TILE_K}")
+    if n % 8:
+        raise ValueError(f"{what}: N = {n} must be a multiple of 8 (the zero points pack 8 columns a word)")
+    if x.dtype not in _MAGIC:
+        raise TypeError(f"{what}: x must be float16 or bfloat16, got {x.dtype}")
+    # the natural layout's checks (group size, qzeros, scales, bias, x) on a stand-in qweight of its shape
+    check_awq_args(x, qweight_k.new_empty(1, 1).expand(k, n // 8), qzeros, scales, group_size, bias, what)
+    return n, k
+
+
+def awq_mma_linear(x: torch.Tensor, qweight_k: torch.Tensor, qzeros: torch.Tensor, scales: torch.Tensor,
+                   group_size: int, bias: torch.Tensor | None = None, config: tuple | None = None,
+                   out: torch.Tensor | None = None) -> torch.Tensor:
+    """x [M, K] @ w [K, N] (+ bias) -> [M, N] in x's dtype; w from the K-major qweight (pack_int4_kmajor) and the
+    natural qzeros/scales. config: an MMA_CONFIGS entry (default the first)."""
+    n, k = check_mma_args(x, qweight_k, qzeros, scales, group_size, bias, "awq_mma_linear")
+    if x.stride(-1) != 1:
+        x = x.contiguous()
+    if not (qweight_k.is_contiguous() and qzeros.is_contiguous() and scales.is_contiguous()):
+        raise ValueError("awq_mma_linear: qweight, qzeros and scales must be contiguous")
+    y = _output(x, n, out)
+    m = x.shape[0]
+    if m == 0:
+        return y
+    block_n, block_m, split, warps, stages = config if config is not None else MMA_CONFIGS[0]
+    block_m = max(16, min(block_m, triton.next_power_of_2(m)))
+    grid_n, grid_m, k_tiles = triton.cdiv(n, block_n), triton.cdiv(m, block_m), k // TILE_K
+    groups = k // group_size
+    if split == 0:
+        weight_bytes = k * n // 2 + groups * n // 2 + groups * n * scales.element_size()
+        split = split_k(grid_n * grid_m, k_tiles, m * n * 4, weight_bytes, _num_sms(x.device))
+    k_split = triton.cdiv(k_tiles, max(1, min(split, k_tiles))) * TILE_K
+    split = triton.cdiv(k, k_split)  # no empty splits
+    dst = y if split == 1 else torch.empty(split, m, n, dtype=torch.float32, device=x.device)
+    magic, offset = _MAGIC[x.dtype]
+    _awq_mma_kernel[(grid_n, grid_m, split)](
+        x, qweight_k, qzeros, scales, bias if bias is not None else y, dst, m, n, n // 8, k, k_split,
+        x.stride(0), n, m * n, GROUP=group_size, HAS_BIAS=bias is not None and split == 1,
+        BLOCK_N=block_n, BLOCK_M=block_m, MAGIC=magic, OFFSET=offset, num_warps=warps, num_stages=stages,
+        **pdl.launch_args(),
+    )
+    if split > 1:
+        _sum_splits(dst, bias, y)
+    return y

@@ -1,0 +1,96 @@
+"""The K-major INT4 tensor-core kernel (tachyon/kernels/awq_mma.py) against the natural layout's reference: the
+packing, every group-size case of its zero/scale epilogue, K splits, bias, rows below and above a tile."""
+
+import pytest
+import torch
+
+from tachyon.kernels.awq_mma import (
+    MMA_CONFIGS,
+    awq_mma_linear,
+    pack_int4_kmajor,
+    unpack_int4_kmajor,
+)
+from tachyon.kernels.quant_ref import awq_linear_ref, pack_int4, unpack_int4
+
+TOL = {torch.float16: 2e-3, torch.bfloat16: 8e-3}
+
+
+@pytest.fixture(params=[
+    torch.float16,
+    pytest.param(torch.bfloat16, marks=[pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
+                                                                          reason="needs CUDA")]),
+], ids=lambda d: str(d).removeprefix("torch."))
+def half(request) -> torch.dtype:
+    return request.param
+
+
+def test_kmajor_word_holds_eight_rows_sixteen_apart(device):
+    k, n = 256, 16
+    q = torch.randint(0, 16, (k, n), device=device)
+    q[:, 3] = 15  # a column of all-ones nibbles: its words are -1 (the sign bit set)
+    packed = pack_int4_kmajor(pack_int4(q))
+    assert packed.shape == (k // 8, n) and packed.dtype == torch.int32
+    # word [16 t + i, n], nibble j = q[128 t + 16 j + i, n]: checked one word the slow way
+    t, i, col = 1, 5, 9
+    word = int(packed[16 * t + i, col]) & 0xFFFFFFFF
+    assert [(word >> (4 * j)) & 0xF for j in range(8)] == [int(q[128 * t + 16 * j + i, col]) for j in range(8)]
+    assert (packed[:, 3] == -1).all()
+    assert torch.equal(unpack_int4_kmajor(packed), q.to(torch.int32))
+    assert torch.equal(unpack_int4(pack_int4(q)), unpack_int4_kmajor(packed))
+
+
+def test_kmajor_rejects_k_not_a_multiple_of_128():
+    with pytest.raises(ValueError, match="multiple of 128"):
+        pack_int4_kmajor(torch.zeros(64, 2, dtype=torch.int32))
+    with pytest.raises(TypeError):
+        pack_int4_kmajor(torch.zeros(128, 2, dtype=torch.int64))
+
+
+def _case(k, n, g, m, dtype, device, bias, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    q = torch.randint(0, 16, (k, n), generator=gen)
+    z = torch.randint(0, 16, (k // g, n), generator=gen)
+    z[0, :2] = torch.tensor([0, 15])
+    q[:, 0] = 15  # a column at the top of the range (with a zero of 0: the largest |q - z|)
+    s = (torch.randn(k // g, n, generator=gen) * 0.02).to(device=device, dtype=dtype)
+    x = torch.randn(m, k + 8, generator=gen).to(device=device, dtype=dtype)[:, :k]  # rows 8 apart: strided
+    b = torch.randn(n, generator=gen).to(device=device, dtype=dtype) if bias else None
+    qw, qz = pack_int4(q).to(device), pack_int4(z).to(device)
+    return x, qw, qz, s, b
+
+
+@pytest.mark.parametrize("g", [32, 64, 128, 256])
+@pytest.mark.parametrize("m", [1, 5, 16, 20])
+def test_awq_mma_matches_reference(half, device, rel_err, g, m):
+    k, n = 512, 72  # N not a multiple of BLOCK_N: the last tile is masked
+    x, qw, qz, s, b = _case(k, n, g, m, half, device, bias=m == 5, seed=g + m)
+    ref = awq_linear_ref(x, qw, qz, s, g, b)
+    qk = pack_int4_kmajor(qw)
+    for cfg in [None, (64, 16, 2, 4, 2), (32, 32, 4, 4, 2)]:  # the default, K split 2 and 4 (with partials)
+        out = torch.full((m, n), float("nan"), dtype=half, device=device)
+        assert awq_mma_linear(x, qk, qz, s, g, b, config=cfg, out=out) is out
+        assert rel_err(out, ref) <= TOL[half], cfg
+
+
+def test_awq_mma_every_config_on_the_gpu(device, rel_err):
+    if device != "cuda":
+        pytest.skip("every config's compile: a GPU run")
+    k, n, g = 1024, 256, 128
+    for m in (1, 16, 64, 200):
+        x, qw, qz, s, _ = _case(k, n, g, m, torch.bfloat16, device, bias=False, seed=m)
+        ref = awq_linear_ref(x, qw, qz, s, g)
+        qk = pack_int4_kmajor(qw)
+        for cfg in MMA_CONFIGS:
+            assert rel_err(awq_mma_linear(x, qk, qz, s, g, config=cfg), ref) <= TOL[torch.bfloat16], (m, cfg)
+
+
+def test_awq_mma_rejects_what_it_cannot_run(device):
+    x, qw, qz, s, _ = _case(256, 16, 64, 2, torch.float16, device, bias=False)
+    qk = pack_int4_kmajor(qw)
+    with pytest.raises(TypeError, match="float16 or bfloat16"):
+        awq_mma_linear(x.float(), qk, qz, s, 64)
+    with pytest.raises(ValueError, match="K = 120 must be a multiple of 128"):
+        awq_mma_linear(x[:, :120], qk[:15], qz, s, 64)  # not whole 128-row tiles
+    with pytest.raises(ValueError, match="qzeros"):
+        awq_mma_linear(x, qk, qz[:1], s, 64)
+    assert awq_mma_linear(x[:0], qk, qz, s, 64).shape == (0, 16)
