@@ -32,9 +32,9 @@ from tachyon.kernels.quant_ref import check_awq_args, unpack_int4
 
 TILE_K = 128  # rows of K a loaded block of words covers: 16 word rows x 8 nibbles
 # (BLOCK_N, BLOCK_M, SPLIT_K, num_warps, num_stages); SPLIT_K 0: split_k picks it from the shape
-MMA_CONFIGS = [(64, 16, 0, 4, 3), (128, 16, 0, 4, 3), (128, 16, 0, 8, 3), (64, 16, 0, 4, 4), (64, 32, 0, 4, 3),
-               (128, 64, 0, 8, 3), (64, 64, 0, 4, 3), (128, 128, 0, 8, 3)]
-_MAGIC = {torch.float16: (0x6400, 1024.0), torch.bfloat16: (0x4300, 128.0)}
+MMA_CONFIGS = [(64, 16, 0, 4, 3), (128, 16, 0, 4, 3), (256, 16, 0, 4, 3), (128, 16, 0, 8, 3), (64, 16, 0, 4, 4),
+               (128, 64, 0, 4, 3), (64, 64, 0, 4, 3), (128, 128, 0, 8, 3)]
+_MAGIC = {torch.float16: (0x6400, 1024), torch.bfloat16: (0x4300, 128)}
 
 
 def pack_int4_kmajor(qweight: torch.Tensor) -> torch.Tensor:
@@ -63,16 +63,56 @@ def unpack_int4_kmajor(packed: torch.Tensor) -> torch.Tensor:
     return v.reshape(k8 * 8, n)
 
 
+# Nibble J of two words -> two halves (q - z) in one register, for the MMA's A operand (which holds elements k,
+# k + 1 of a row in one register: Triton hands such a pair to one asm block). PRMT takes the low (J < 4) or high
+# 16 bits of each word side by side, SHR brings nibble J % 4 of both to bits 0 and 16, LOP3 keeps them under the
+# magic number's bits ((t & 0x000F000F) | magic: two halves off + v), one FMA adds -(off + z) (exact: small
+# integers). About one instruction a value: the PRMT is shared by the four J of a half, the SHR of J % 4 == 0 is
+# free. Operands (pack 2): $0 the result; $1 $2 the two words, $3 the two -(off + z), $4 PRMT's selector,
+# $6 the shift ($5, $7 their copies). On Hopper; the interpreter takes the plain-Triton path.
+_NIBBLE_ASM_BF16 = tl.constexpr("""{
+.reg .b32 t;
+prmt.b32 t, $1, $2, $3;
+shr.b32 t, t, $5;
+lop3.b32 $0, t, 0x000F000F, 0x43004300, 0xEA;
+}""")
+_NIBBLE_ASM_F16 = tl.constexpr("""{
+.reg .b32 t;
+prmt.b32 t, $1, $2, $3;
+shr.b32 t, t, $5;
+lop3.b32 $0, t, 0x000F000F, 0x64006400, 0xEA;
+}""")
+
+
+@triton.jit
+def _nibble(q, like, J: tl.constexpr, MAGIC: tl.constexpr, ASM: tl.constexpr):
+    """q [BLOCK_N, 16] words -> [BLOCK_N, 16] halves (like's dtype) off + q_J, exact."""
+    if ASM:
+        if J < 4:
+            sel = tl.full((1, 1), 0x5410, tl.int32)
+        else:
+            sel = tl.full((1, 1), 0x7632, tl.int32)
+        sh = tl.full((1, 1), 4 * (J % 4), tl.int32)
+        if MAGIC == 0x4300:
+            asm: tl.constexpr = _NIBBLE_ASM_BF16
+        else:
+            asm: tl.constexpr = _NIBBLE_ASM_F16
+        return tl.inline_asm_elementwise(asm, "=r,r,r,r,r,r,r", [q, sel, sh], dtype=like.dtype, is_pure=True,
+                                         pack=2)
+    else:
+        return (((q >> (4 * J)) & 0xF) | MAGIC).to(tl.int16).to(like.dtype, bitcast=True)
+
+
 @triton.jit
 def _awq_mma_kernel(
     x_ptr, qw_ptr, qz_ptr, s_ptr, b_ptr, out_ptr,
     M, N, N8, K, K_SPLIT, stride_xm, stride_om, stride_os,
     GROUP: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr,
-    MAGIC: tl.constexpr, OFFSET: tl.constexpr, PDL: tl.constexpr = False,
+    MAGIC: tl.constexpr, OFFSET: tl.constexpr, ASM: tl.constexpr, PDL: tl.constexpr = False,
 ):
     """Program (pid_n, pid_m, pid_k): outputs [BLOCK_N] x rows [BLOCK_M] over one K split of whole 128-row
-    tiles. Per tile one [BLOCK_N, 16] load of words, eight dots of K 16; the group's zero and scale are applied
-    to the dots' fp32 sum every E dots (E = min(GROUP, 128) / 16)."""
+    tiles. Per tile one [BLOCK_N, 16] load of words, eight dots of K 16 on q - z (exact in halves); the group's
+    scale goes on the dots' fp32 sum every E dots (E = min(GROUP, 128) / 16)."""
     pdl.enter(PDL)
     pid_n, pid_m, pid_k = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     E: tl.constexpr = min(GROUP, 128) // 16
@@ -92,24 +132,30 @@ def _awq_mma_kernel(
         q = tl.load(q_ptrs, mask=mask_n[:, None], other=0)
         q_ptrs += 16 * N
         for j in tl.static_range(8):
-            a = (((q >> (4 * j)) & 0xF) | MAGIC).to(tl.int16).to(x_ptr.dtype.element_ty, bitcast=True)
             xj = tl.load(x_ptrs + (k0 + 16 * j), mask=mask_m[None, :], other=0.0)
+            a = _nibble(q, xj, j, MAGIC, ASM)
+            ones = tl.full((BLOCK_N, 16), 1.0, xj.dtype)
             if j % E == 0:
                 part = tl.dot(a, xj)
-                xs = tl.sum(xj.to(tl.float32), axis=0)
+                xs = tl.dot(ones, xj)  # every row: sum_k x (tensor cores idle here anyway)
             else:
                 part = tl.dot(a, xj, part)
-                xs += tl.sum(xj.to(tl.float32), axis=0)
+                xs = tl.dot(ones, xj, xs)
             if (j + 1) % E == 0:
                 g = (k0 + 16 * (j + 1 - E)) // GROUP
                 zw = tl.load(qz_ptr + g * N8 + offs_n // 8, mask=mask_n, other=0)
                 z = ((zw >> zero_shift) & 0xF).to(tl.float32) + OFFSET
                 s = tl.load(s_ptr + g * N + offs_n, mask=mask_n, other=0.0).to(tl.float32)
-                acc += s[:, None] * (part - z[:, None] * xs[None, :])
+                acc += s[:, None] * (part - z[:, None] * xs)
     if HAS_BIAS:
         acc += tl.load(b_ptr + offs_n, mask=mask_n, other=0.0).to(tl.float32)[:, None]
     y = out_ptr + pid_k.to(tl.int64) * stride_os + offs_m.to(tl.int64)[None, :] * stride_om + offs_n[:, None]
     tl.store(y, acc.to(out_ptr.dtype.element_ty), mask=mask_n[:, None] & mask_m[None, :])
+
+
+def _asm(device: torch.device) -> bool:
+    """The PTX nibble path: compiled kernels on sm_90+ (sub/fma on bf16x2 pairs; the interpreter runs no PTX)."""
+    return device.type == "cuda" and torch.cuda.get_device_capability(device)[0] >= 9
 
 
 def check_mma_args(x, qweight_k, qzeros, scales, group_size: int, bias, what: str) -> tuple[int, int]:
@@ -156,7 +202,7 @@ def awq_mma_linear(x: torch.Tensor, qweight_k: torch.Tensor, qzeros: torch.Tenso
     _awq_mma_kernel[(grid_n, grid_m, split)](
         x, qweight_k, qzeros, scales, bias if bias is not None else y, dst, m, n, n // 8, k, k_split,
         x.stride(0), n, m * n, GROUP=group_size, HAS_BIAS=bias is not None and split == 1,
-        BLOCK_N=block_n, BLOCK_M=block_m, MAGIC=magic, OFFSET=offset, num_warps=warps, num_stages=stages,
+        BLOCK_N=block_n, BLOCK_M=block_m, MAGIC=magic, OFFSET=offset, ASM=_asm(x.device), num_warps=warps, num_stages=stages,
         **pdl.launch_args(),
     )
     if split > 1:

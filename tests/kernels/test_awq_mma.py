@@ -76,7 +76,7 @@ def test_awq_mma_every_config_on_the_gpu(device, rel_err):
     if device != "cuda":
         pytest.skip("every config's compile: a GPU run")
     k, n, g = 1024, 256, 128
-    for m in (1, 16, 64, 200):
+    for m in (1, 64):
         x, qw, qz, s, _ = _case(k, n, g, m, torch.bfloat16, device, bias=False, seed=m)
         ref = awq_linear_ref(x, qw, qz, s, g)
         qk = pack_int4_kmajor(qw)
