@@ -32,8 +32,8 @@ from tachyon.kernels.quant_ref import check_awq_args, unpack_int4
 
 TILE_K = 128  # rows of K a loaded block of words covers: 16 word rows x 8 nibbles
 # (BLOCK_N, BLOCK_M, SPLIT_K, num_warps, num_stages); SPLIT_K 0: split_k picks it from the shape
-MMA_CONFIGS = [(64, 16, 0, 4, 3), (128, 16, 0, 4, 3), (256, 16, 0, 4, 3), (128, 16, 0, 8, 3), (64, 16, 0, 4, 4),
-               (128, 64, 0, 4, 3), (64, 64, 0, 4, 3), (128, 128, 0, 8, 3)]
+MMA_CONFIGS = [(128, 16, 0, 4, 3), (64, 16, 0, 4, 3), (256, 16, 0, 8, 3), (256, 16, 0, 4, 3), (128, 16, 0, 4, 4),
+               (128, 64, 0, 8, 3), (64, 64, 0, 4, 3), (128, 128, 0, 8, 3)]
 _MAGIC = {torch.float16: (0x6400, 1024), torch.bfloat16: (0x4300, 128)}
 
 
@@ -108,7 +108,7 @@ def _awq_mma_kernel(
     x_ptr, qw_ptr, qz_ptr, s_ptr, b_ptr, out_ptr,
     M, N, N8, K, K_SPLIT, stride_xm, stride_om, stride_os,
     GROUP: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr,
-    MAGIC: tl.constexpr, OFFSET: tl.constexpr, ASM: tl.constexpr, PDL: tl.constexpr = False,
+    MAGIC: tl.constexpr, OFFSET: tl.constexpr, ASM: tl.constexpr, XTILE: tl.constexpr, PDL: tl.constexpr = False,
 ):
     """Program (pid_n, pid_m, pid_k): outputs [BLOCK_N] x rows [BLOCK_M] over one K split of whole 128-row
     tiles. Per tile one [BLOCK_N, 16] load of words, eight dots of K 16 on q - z (exact in halves); the group's
@@ -128,19 +128,31 @@ def _awq_mma_kernel(
     k_end = tl.minimum(k_start + K_SPLIT, K)
     acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
     q_ptrs += (k_start // 8).to(tl.int64) * N
+    if XTILE:  # the tile's sum of x from a [BLOCK_M, 128] load of its own, one ahead (GROUP >= 128)
+        xt_ptrs = x_ptr + offs_m.to(tl.int64)[:, None] * stride_xm + tl.arange(0, 128)[None, :]
+        xt_next = tl.load(xt_ptrs + k_start, mask=mask_m[:, None], other=0.0)
     for k0 in range(k_start, k_end, 128):
         q = tl.load(q_ptrs, mask=mask_n[:, None], other=0)
         q_ptrs += 16 * N
+        if XTILE:
+            xt = xt_next
+            xt_next = tl.load(xt_ptrs + (k0 + 128), mask=mask_m[:, None] & (k0 + 128 < k_end), other=0.0)
         for j in tl.static_range(8):
             xj = tl.load(x_ptrs + (k0 + 16 * j), mask=mask_m[None, :], other=0.0)
             a = _nibble(q, xj, j, MAGIC, ASM)
-            ones = tl.full((BLOCK_N, 16), 1.0, xj.dtype)
             if j % E == 0:
                 part = tl.dot(a, xj)
-                xs = tl.dot(ones, xj)  # every row: sum_k x (tensor cores idle here anyway)
             else:
                 part = tl.dot(a, xj, part)
-                xs = tl.dot(ones, xj, xs)
+            if XTILE:
+                if j == 7:
+                    xs = tl.sum(xt.to(tl.float32), axis=1)[None, :]
+            else:
+                ones = tl.full((BLOCK_N, 16), 1.0, xj.dtype)
+                if j % E == 0:
+                    xs = tl.dot(ones, xj)  # every row: sum_k x (tensor cores idle here anyway)
+                else:
+                    xs = tl.dot(ones, xj, xs)
             if (j + 1) % E == 0:
                 g = (k0 + 16 * (j + 1 - E)) // GROUP
                 zw = tl.load(qz_ptr + g * N8 + offs_n // 8, mask=mask_n, other=0)
@@ -202,7 +214,8 @@ def awq_mma_linear(x: torch.Tensor, qweight_k: torch.Tensor, qzeros: torch.Tenso
     _awq_mma_kernel[(grid_n, grid_m, split)](
         x, qweight_k, qzeros, scales, bias if bias is not None else y, dst, m, n, n // 8, k, k_split,
         x.stride(0), n, m * n, GROUP=group_size, HAS_BIAS=bias is not None and split == 1,
-        BLOCK_N=block_n, BLOCK_M=block_m, MAGIC=magic, OFFSET=offset, ASM=_asm(x.device), num_warps=warps, num_stages=stages,
+        BLOCK_N=block_n, BLOCK_M=block_m, MAGIC=magic, OFFSET=offset, ASM=_asm(x.device),
+        XTILE=group_size >= TILE_K, num_warps=warps, num_stages=stages,
         **pdl.launch_args(),
     )
     if split > 1:
