@@ -33,7 +33,7 @@ from tachyon.kernels.quant_ref import check_awq_args, unpack_int4
 TILE_K = 128  # rows of K a loaded block of words covers: 16 word rows x 8 nibbles
 # (BLOCK_N, BLOCK_M, SPLIT_K, num_warps, num_stages); SPLIT_K 0: split_k picks it from the shape
 MMA_CONFIGS = [(128, 16, 0, 4, 3), (64, 16, 0, 4, 3), (256, 16, 0, 8, 3), (256, 16, 0, 4, 3), (128, 16, 0, 4, 4),
-               (128, 64, 0, 8, 3), (64, 64, 0, 4, 3), (128, 128, 0, 8, 3)]
+               (128, 16, 4, 4, 3), (128, 16, 8, 4, 3), (128, 64, 0, 8, 3), (64, 64, 0, 4, 3), (128, 128, 0, 8, 3)]
 _MAGIC = {torch.float16: (0x6400, 1024), torch.bfloat16: (0x4300, 128)}
 
 
