@@ -1,5 +1,6 @@
-"""INT4 (W4A16) on tensor cores for 1-256 rows, from a K-major packing: a prototype beside quant_linear.py's
-kernels, measured by benchmarks/awq_mma.py before the engine takes it.
+"""INT4 (W4A16) on tensor cores for 1-256 rows, from a K-major packing (quant_ref.pack_int4_kmajor). Opt-in
+(TACHYON_AWQ_MMA=1 repacks every AWQ layer whose K is a multiple of 128, layers/linear.repack_awq_kmajor) until
+benchmarks/awq_mma.py and an end-to-end run on a GPU have measured it against quant_linear.py's kernels.
 
 Why another layout. The natural/AWQ packing holds 8 *columns* in a word, so a dot tile needs the nibbles spread
 into 8 columns (a reshape), and Triton moves the dequantized tile through shared memory to the MMA's operand
@@ -16,7 +17,10 @@ half-precision number 1024 + v (128 + v), exact; the offset comes off with the z
 
     y[m, n] += s[g, n] * (sum_k (off + q[k, n]) x[m, k]  -  (off + z[g, n]) * sum_k x[m, k])
 
-Zero points and scales keep the natural layout (qzeros [K/G, N/8], scales [K/G, N]). K % 128 == 0; G a power of two
+(sum_k x from a [rows, 128] load of the tile's x for G >= 128, else a dot with ones). On sm_90 the nibbles come
+out of a small PTX block, about one instruction a value, in the MMA operand's own registers: Triton loads the
+words through shared memory (cp.async, pipelined) straight into that layout. Above MMA_MAX_ROWS rows the weight is
+dequantized once and multiplied by cuBLAS. Zero points and scales keep the natural layout (qzeros [K/G, N/8], scales [K/G, N]). K % 128 == 0; G a power of two
 >= 32 (it divides 128 or 128 divides it). Activations fp16 or bf16 (fp32 has no 16-bit magic number).
 """
 
@@ -28,39 +32,53 @@ import triton.language as tl
 
 from tachyon.kernels import pdl
 from tachyon.kernels.quant_linear import _num_sms, _output, _sum_splits, split_k
-from tachyon.kernels.quant_ref import check_awq_args, unpack_int4
+from tachyon.kernels.quant_ref import (  # noqa: F401  (the K-major layout and its reference live there)
+    KMAJOR_TILE,
+    awq_kmajor_ref,
+    check_awq_kmajor_args,
+    dequantize_kmajor_ref,
+    pack_int4_kmajor,
+    unpack_int4_kmajor,
+)
 
-TILE_K = 128  # rows of K a loaded block of words covers: 16 word rows x 8 nibbles
+TILE_K = KMAJOR_TILE  # rows of K a loaded block of words covers: 16 word rows x 8 nibbles
 # (BLOCK_N, BLOCK_M, SPLIT_K, num_warps, num_stages); SPLIT_K 0: split_k picks it from the shape
 MMA_CONFIGS = [(128, 16, 0, 4, 3), (64, 16, 0, 4, 3), (256, 16, 0, 8, 3), (256, 16, 0, 4, 3), (128, 16, 0, 4, 4),
                (128, 16, 4, 4, 3), (128, 16, 8, 4, 3), (128, 64, 0, 8, 3), (64, 64, 0, 4, 3), (128, 128, 0, 8, 3)]
+MMA_MAX_ROWS = 256  # above this many rows the weight is dequantized once and multiplied by cuBLAS ("dequant")
 _MAGIC = {torch.float16: (0x6400, 1024), torch.bfloat16: (0x4300, 128)}
 
 
-def pack_int4_kmajor(qweight: torch.Tensor) -> torch.Tensor:
-    """Natural-order qweight int32 [K, N // 8] (quant_ref's layout) -> K-major int32 [K // 8, N] (this module's)."""
-    if qweight.dtype != torch.int32 or qweight.dim() != 2:
-        raise TypeError(f"pack_int4_kmajor takes an int32 [K, N // 8] qweight, got {qweight.dtype} "
-                        f"{tuple(qweight.shape)}")
-    k = qweight.shape[0]
-    if k % TILE_K:
-        raise ValueError(f"pack_int4_kmajor: K = {k} must be a multiple of {TILE_K}")
-    q = unpack_int4(qweight)  # [K, N] values 0..15
-    n = q.shape[1]
-    q = q.view(k // TILE_K, 8, 16, n)  # [t, j, i, n]
-    packed = torch.zeros(k // TILE_K, 16, n, dtype=torch.int64, device=q.device)
-    for j in range(8):
-        packed |= q[:, j].to(torch.int64) << (4 * j)
-    packed = torch.where(packed >= 2**31, packed - 2**32, packed)  # int32 two's complement bits
-    return packed.to(torch.int32).view(k // 8, n)
+@triton.jit
+def _kmajor_dequant_kernel(qw_ptr, qz_ptr, s_ptr, w_ptr, N, N8, GROUP: tl.constexpr, BLOCK_N: tl.constexpr,
+                           PDL: tl.constexpr = False):
+    """w [K, N] = (q - z) * s for one 128-row tile of K (pid 0) and BLOCK_N columns (pid 1)."""
+    pdl.enter(PDL)
+    t, pid_n = tl.program_id(0), tl.program_id(1)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    mask_n = offs_n < N
+    offs_i = tl.arange(0, 16)
+    q = tl.load(qw_ptr + (t * 16 + offs_i).to(tl.int64)[:, None] * N + offs_n[None, :], mask=mask_n[None, :],
+                other=0)
+    for j in tl.static_range(8):
+        kk = t * 128 + 16 * j + offs_i  # [16]
+        g = (t * 128 + 16 * j) // GROUP
+        z = (tl.load(qz_ptr + g * N8 + offs_n // 8, mask=mask_n, other=0) >> ((offs_n % 8) * 4)) & 0xF
+        s = tl.load(s_ptr + g * N + offs_n, mask=mask_n, other=0.0).to(tl.float32)
+        w = (((q >> (4 * j)) & 0xF) - z[None, :]).to(tl.float32) * s[None, :]
+        tl.store(w_ptr + kk.to(tl.int64)[:, None] * N + offs_n[None, :], w.to(w_ptr.dtype.element_ty),
+                 mask=mask_n[None, :])
 
 
-def unpack_int4_kmajor(packed: torch.Tensor) -> torch.Tensor:
-    """K-major int32 [K // 8, N] -> int32 [K, N] of values 0..15 (the inverse of pack_int4_kmajor's packing)."""
-    k8, n = packed.shape
-    shifts = torch.arange(0, 32, 4, dtype=torch.int32, device=packed.device)
-    v = (packed.view(k8 // 16, 16, n).unsqueeze(1) >> shifts.view(1, 8, 1, 1)) & 0xF  # [t, j, i, n]
-    return v.reshape(k8 * 8, n)
+def dequantize_kmajor(qweight_k: torch.Tensor, qzeros: torch.Tensor, scales: torch.Tensor, group_size: int,
+                      block_n: int = 256, warps: int = 4) -> torch.Tensor:
+    """The dense [K, N] weight in scales' dtype, on the GPU in one pass (the many-row path: then cuBLAS)."""
+    k, n = qweight_k.shape[0] * 8, qweight_k.shape[1]
+    w = torch.empty(k, n, dtype=scales.dtype, device=qweight_k.device)
+    _kmajor_dequant_kernel[(k // TILE_K, triton.cdiv(n, block_n))](
+        qweight_k, qzeros, scales, w, n, n // 8, GROUP=group_size, BLOCK_N=block_n, num_warps=warps,
+        **pdl.launch_args())
+    return w
 
 
 # Nibble J of two words -> two halves (q - z) in one register, for the MMA's A operand (which holds elements k,
@@ -165,33 +183,28 @@ def _awq_mma_kernel(
     tl.store(y, acc.to(out_ptr.dtype.element_ty), mask=mask_n[:, None] & mask_m[None, :])
 
 
+def default_mma_config(m: int) -> tuple:
+    """The config for m rows: the 16-row tile up to 16, taller tiles up to MMA_MAX_ROWS, then dequant + cuBLAS."""
+    if m <= 16:
+        return MMA_CONFIGS[0]
+    if m <= 64:
+        return (128, 64, 0, 8, 3)
+    return (128, 128, 0, 8, 3) if m <= MMA_MAX_ROWS else ("dequant",)
+
+
 def _asm(device: torch.device) -> bool:
     """The PTX nibble path: compiled kernels on sm_90+ (sub/fma on bf16x2 pairs; the interpreter runs no PTX)."""
     return device.type == "cuda" and torch.cuda.get_device_capability(device)[0] >= 9
-
-
-def check_mma_args(x, qweight_k, qzeros, scales, group_size: int, bias, what: str) -> tuple[int, int]:
-    if qweight_k.dtype != torch.int32 or qweight_k.dim() != 2:
-        raise TypeError(f"{what}: qweight must be a K-major int32 [K // 8, N], got {qweight_k.dtype} "
-                        f"{tuple(qweight_k.shape)}")
-    k, n = qweight_k.shape[0] * 8, qweight_k.shape[1]
-    if k % TILE_K:
-        raise ValueError(f"{what}: K = {k} must be a multiple of {TILE_K}")
-    if n % 8:
-        raise ValueError(f"{what}: N = {n} must be a multiple of 8 (the zero points pack 8 columns a word)")
-    if x.dtype not in _MAGIC:
-        raise TypeError(f"{what}: x must be float16 or bfloat16, got {x.dtype}")
-    # the natural layout's checks (group size, qzeros, scales, bias, x) on a stand-in qweight of its shape
-    check_awq_args(x, qweight_k.new_empty(1, 1).expand(k, n // 8), qzeros, scales, group_size, bias, what)
-    return n, k
 
 
 def awq_mma_linear(x: torch.Tensor, qweight_k: torch.Tensor, qzeros: torch.Tensor, scales: torch.Tensor,
                    group_size: int, bias: torch.Tensor | None = None, config: tuple | None = None,
                    out: torch.Tensor | None = None) -> torch.Tensor:
     """x [M, K] @ w [K, N] (+ bias) -> [M, N] in x's dtype; w from the K-major qweight (pack_int4_kmajor) and the
-    natural qzeros/scales. config: an MMA_CONFIGS entry (default the first)."""
-    n, k = check_mma_args(x, qweight_k, qzeros, scales, group_size, bias, "awq_mma_linear")
+    natural qzeros/scales. config: an MMA_CONFIGS entry or ("dequant",); None takes default_mma_config's."""
+    n, k = check_awq_kmajor_args(x, qweight_k, qzeros, scales, group_size, bias, "awq_mma_linear")
+    if x.dtype not in _MAGIC:
+        raise TypeError(f"awq_mma_linear: x must be float16 or bfloat16, got {x.dtype} (awq_kmajor_ref takes fp32)")
     if x.stride(-1) != 1:
         x = x.contiguous()
     if not (qweight_k.is_contiguous() and qzeros.is_contiguous() and scales.is_contiguous()):
@@ -200,7 +213,11 @@ def awq_mma_linear(x: torch.Tensor, qweight_k: torch.Tensor, qzeros: torch.Tenso
     m = x.shape[0]
     if m == 0:
         return y
-    block_n, block_m, split, warps, stages = config if config is not None else MMA_CONFIGS[0]
+    config = config if config is not None else default_mma_config(m)
+    if config[0] == "dequant":
+        w = dequantize_kmajor(qweight_k, qzeros, scales, group_size)
+        return torch.matmul(x, w, out=y) if bias is None else torch.addmm(bias, x, w, out=y)
+    block_n, block_m, split, warps, stages = config
     block_m = max(16, min(block_m, triton.next_power_of_2(m)))
     grid_n, grid_m, k_tiles = triton.cdiv(n, block_n), triton.cdiv(m, block_m), k // TILE_K
     groups = k // group_size

@@ -5,7 +5,8 @@ int8, weight-only: `qweight` int8 [N, K] (like nn.Linear.weight), `scales` [N]; 
 int4 (W4A16, AWQ-style), "natural order": `qweight` int32 [K, N // 8], bits 4j..4j+3 of qweight[k, p] hold
 q[k, 8p + j]; `qzeros` int32 [K // G, N // 8] the zero points, packed alike; `scales` [K // G, N];
 w[k, n] = (q[k, n] - z[k // G, n]) * s[k // G, n], y = x @ w.
-AutoAWQ's checkpoints interleave the eight nibbles (`awq_to_natural` undoes that).
+AutoAWQ's checkpoints interleave the eight nibbles (`awq_to_natural` undoes that). The tensor-core kernels
+(`awq_mma.py`) read a K-major repacking of qweight (`pack_int4_kmajor`, at the end of this file).
 
 8-bit weights and activations (fp8 E4M3 or SmoothQuant-style int8, "W8A8"): `weight` [N, K] in float8_e4m3fn or
 int8, `weight_scale` fp32 [N]; each row of x is quantized with its own scale (dynamic, per token:
@@ -186,3 +187,70 @@ def dequantize_int4(qweight: torch.Tensor, qzeros: torch.Tensor, scales: torch.T
     z = unpack_int4(qzeros).repeat_interleave(group_size, dim=0)
     s = scales.to(dtype).repeat_interleave(group_size, dim=0)
     return (q - z).to(dtype) * s
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# int4, K-major (kernels/awq_mma.py's tensor-core kernels): qweight int32 [K // 8, N], a word holds 8 rows of K of
+# one output column, 16 rows apart:  word [16 t + i, n], nibble j = q[128 t + 16 j + i, n]  (t a 128-row tile of
+# K, i in 0..15); qzeros and scales as in the natural layout. K must be a multiple of 128.
+
+KMAJOR_TILE = 128
+
+
+def check_awq_kmajor_args(x, qweight_k, qzeros, scales, group_size, bias, what: str) -> tuple[int, int]:
+    if qweight_k.dtype != torch.int32 or qweight_k.dim() != 2:
+        raise TypeError(f"{what}: qweight must be a K-major int32 [K // 8, N], got {qweight_k.dtype} "
+                        f"{tuple(qweight_k.shape)}")
+    k, n = qweight_k.shape[0] * 8, qweight_k.shape[1]
+    if k % KMAJOR_TILE:
+        raise ValueError(f"{what}: K = {k} must be a multiple of {KMAJOR_TILE}")
+    if n % 8:
+        raise ValueError(f"{what}: N = {n} must be a multiple of 8 (the zero points pack 8 columns a word)")
+    # the natural layout's checks (group size, qzeros, scales, bias, x) on a stand-in qweight of its shape
+    check_awq_args(x, qweight_k.new_empty(1, 1).expand(k, n // 8), qzeros, scales, group_size, bias, what)
+    return n, k
+
+
+def pack_int4_kmajor(qweight: torch.Tensor) -> torch.Tensor:
+    """Natural-order qweight int32 [K, N // 8] -> the K-major int32 [K // 8, N] (above)."""
+    if qweight.dtype != torch.int32 or qweight.dim() != 2:
+        raise TypeError(f"pack_int4_kmajor takes an int32 [K, N // 8] qweight, got {qweight.dtype} "
+                        f"{tuple(qweight.shape)}")
+    k = qweight.shape[0]
+    if k % KMAJOR_TILE:
+        raise ValueError(f"pack_int4_kmajor: K = {k} must be a multiple of {KMAJOR_TILE}")
+    q = unpack_int4(qweight)  # [K, N] values 0..15
+    n = q.shape[1]
+    q = q.view(k // KMAJOR_TILE, 8, 16, n)  # [t, j, i, n]
+    packed = torch.zeros(k // KMAJOR_TILE, 16, n, dtype=torch.int64, device=q.device)
+    for j in range(8):
+        packed |= q[:, j].to(torch.int64) << (4 * j)
+    packed = torch.where(packed >= 2**31, packed - 2**32, packed)  # int32 two's complement bits
+    return packed.to(torch.int32).view(k // 8, n)
+
+
+def unpack_int4_kmajor(packed: torch.Tensor) -> torch.Tensor:
+    """K-major int32 [K // 8, N] -> int32 [K, N] of values 0..15 (the inverse of pack_int4_kmajor's packing)."""
+    k8, n = packed.shape
+    shifts = torch.arange(0, 32, 4, dtype=torch.int32, device=packed.device)
+    v = (packed.view(k8 // 16, 16, n).unsqueeze(1) >> shifts.view(1, 8, 1, 1)) & 0xF  # [t, j, i, n]
+    return v.reshape(k8 * 8, n)
+
+
+def dequantize_kmajor_ref(qweight_k: torch.Tensor, qzeros: torch.Tensor, scales: torch.Tensor,
+                          group_size: int) -> torch.Tensor:
+    """The dense [K, N] weight (q - z) * s in fp32, from the K-major qweight and the natural qzeros/scales."""
+    q = unpack_int4_kmajor(qweight_k).float()
+    z = unpack_int4(qzeros).float().repeat_interleave(group_size, 0)
+    return (q - z) * scales.float().repeat_interleave(group_size, 0)
+
+
+def awq_kmajor_ref(x: torch.Tensor, qweight_k: torch.Tensor, qzeros: torch.Tensor, scales: torch.Tensor,
+                   group_size: int, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """x @ w (+ bias) with the K-major qweight, dequantized and computed in fp32 -> x's dtype (the CPU path and
+    the oracle of kernels/awq_mma.py)."""
+    check_awq_kmajor_args(x, qweight_k, qzeros, scales, group_size, bias, "awq_kmajor_ref")
+    y = x.float() @ dequantize_kmajor_ref(qweight_k, qzeros, scales, group_size)
+    if bias is not None:
+        y += bias.float()
+    return y.to(x.dtype)

@@ -17,6 +17,8 @@ from torch import nn
 
 from tachyon.config import QuantConfig
 from tachyon.kernels.quant_ref import (
+    KMAJOR_TILE,
+    awq_kmajor_ref,
     awq_linear_ref,
     awq_to_natural,
     int8_linear_ref,
@@ -35,6 +37,11 @@ class QuantizedRows(NamedTuple):
     x: torch.Tensor
     q: torch.Tensor
     scale: torch.Tensor
+
+
+def repack_awq_kmajor(model: nn.Module) -> int:
+    """Repack every AWQ layer whose K allows it K-major for kernels/awq_mma.py (`AWQLinear.use_kmajor`); how many."""
+    return sum(m.use_kmajor() for m in model.modules() if isinstance(m, AWQLinear))
 
 
 def make_linear(in_features: int, out_features: int, bias: bool, quant: QuantConfig | None) -> nn.Module:
@@ -196,7 +203,10 @@ class Int8Linear(QuantLinear):
 
 class AWQLinear(QuantLinear):
     """W4A16 in groups of G input features: qweight int32 [K, N // 8], qzeros int32 [K // G, N // 8] (natural
-    nibble order, `kernels/quant_ref.py`), scales [K // G, N] in the model dtype."""
+    nibble order, `kernels/quant_ref.py`), scales [K // G, N] in the model dtype. After loading, `use_kmajor`
+    may repack qweight K-major ([K // 8, N]) for the tensor-core kernels (`kernels/awq_mma.py`)."""
+
+    kmajor = False
 
     TENSORS = {"awq": ("qweight", "qzeros", "scales"),
                "compressed-tensors": ("weight_packed", "weight_scale", "weight_zero_point", "weight_shape"),
@@ -215,6 +225,9 @@ class AWQLinear(QuantLinear):
         self.scales = nn.Parameter(torch.empty(in_features // G, out_features), requires_grad=False)
 
     def _load(self, kind, tensor, start, size, name):
+        if self.kmajor:
+            raise RuntimeError(f"checkpoint tensor {name}: this layer's qweight was repacked K-major; load before "
+                               f"use_kmajor")
         if start % 8 or size % 8:
             raise ValueError(f"checkpoint tensor {name}: a part of {size} output features at {start} does not "
                              f"fall on the 8-feature words of an int4 layer")
@@ -249,8 +262,24 @@ class AWQLinear(QuantLinear):
                                                     device=dev)))
         self.scales.data.fill_(0.02 / 8)
 
+    def use_kmajor(self) -> bool:
+        """Repack qweight K-major (same bytes) so that forward runs kernels/awq_mma.py; False (nothing done) where K
+        is not a multiple of 128."""
+        if not self.kmajor and self.in_features % KMAJOR_TILE == 0:
+            from tachyon.kernels.quant_ref import pack_int4_kmajor
+
+            self.qweight = nn.Parameter(pack_int4_kmajor(self.qweight.data), requires_grad=False)
+            self.kmajor = True
+        return self.kmajor
+
     def _matmul(self, x: torch.Tensor) -> torch.Tensor:
         G = self.quant.group_size
+        if self.kmajor:
+            if x.is_cuda:
+                from tachyon.kernels.awq_mma import awq_mma_linear
+
+                return awq_mma_linear(x, self.qweight, self.qzeros, self.scales, G, self.bias)
+            return awq_kmajor_ref(x, self.qweight, self.qzeros, self.scales, G, self.bias)
         if x.is_cuda:
             from tachyon.kernels.quant_linear import awq_linear
 

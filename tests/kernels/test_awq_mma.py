@@ -7,10 +7,13 @@ import torch
 from tachyon.kernels.awq_mma import (
     MMA_CONFIGS,
     awq_mma_linear,
+    default_mma_config,
+    dequantize_kmajor,
+    dequantize_kmajor_ref,
     pack_int4_kmajor,
     unpack_int4_kmajor,
 )
-from tachyon.kernels.quant_ref import awq_linear_ref, pack_int4, unpack_int4
+from tachyon.kernels.quant_ref import awq_kmajor_ref, awq_linear_ref, pack_int4, unpack_int4
 
 TOL = {torch.float16: 2e-3, torch.bfloat16: 8e-3}
 
@@ -88,9 +91,21 @@ def test_awq_mma_rejects_what_it_cannot_run(device):
     x, qw, qz, s, _ = _case(256, 16, 64, 2, torch.float16, device, bias=False)
     qk = pack_int4_kmajor(qw)
     with pytest.raises(TypeError, match="float16 or bfloat16"):
-        awq_mma_linear(x.float(), qk, qz, s, 64)
+        awq_mma_linear(x.float(), qk, qz, s.float(), 64)
     with pytest.raises(ValueError, match="K = 120 must be a multiple of 128"):
         awq_mma_linear(x[:, :120], qk[:15], qz, s, 64)  # not whole 128-row tiles
     with pytest.raises(ValueError, match="qzeros"):
         awq_mma_linear(x, qk, qz[:1], s, 64)
     assert awq_mma_linear(x[:0], qk, qz, s, 64).shape == (0, 16)
+
+
+def test_reference_and_dequant_path_match_the_natural_layout(half, device, rel_err):
+    x, qw, qz, s, b = _case(256, 48, 64, 300, half, device, bias=True)
+    ref = awq_linear_ref(x, qw, qz, s, 64, b)
+    qk = pack_int4_kmajor(qw)
+    assert rel_err(awq_kmajor_ref(x, qk, qz, s, 64, b), ref) <= TOL[half]
+    assert default_mma_config(300) == ("dequant",)
+    assert rel_err(awq_mma_linear(x, qk, qz, s, 64, b), ref) <= TOL[half]  # 300 rows: dequantize + matmul
+    w = dequantize_kmajor(qk, qz, s, 64, block_n=32)
+    assert w.dtype == half and w.shape == (256, 48)
+    assert rel_err(w, dequantize_kmajor_ref(qk, qz, s, 64)) <= TOL[half]

@@ -13,7 +13,7 @@ from safetensors.torch import save_file
 from tachyon import LLM, SamplingParams
 from tachyon.config import ModelConfig, QuantConfig, quant_config_from_hf, resolve_quantization
 from tachyon.kernels.quant_ref import dequantize_int4
-from tachyon.layers.linear import AWQLinear, Int8Linear, quantize_int8
+from tachyon.layers.linear import AWQLinear, Int8Linear, quantize_int8, repack_awq_kmajor
 from tachyon.models.llama import LlamaForCausalLM
 from tachyon.plan import weight_breakdown
 from tests.conftest import hf_greedy, make_tiny_checkpoint
@@ -86,6 +86,24 @@ def test_autoawq_parts_land_in_a_fused_layer():
     assert layer.missing() == [] and layer.num_parts == 3
     got = dequantize_int4(layer.qweight, layer.qzeros, layer.scales, 32)
     torch.testing.assert_close(got, torch.cat(expect, dim=1), rtol=0, atol=0)
+
+
+def test_kmajor_repack_keeps_the_layer_exact_and_refuses_later_loads():
+    torch.manual_seed(3)
+    K, N, G = 256, 40, 64
+    q, z, s = rtn_int4(torch.randn(N, K), G)
+    layer = AWQLinear(K, N, True, _awq(G))
+    for kind, t in (("qweight", autoawq_pack(q)), ("qzeros", autoawq_pack(z)), ("scales", s)):
+        layer.load(kind, t, 0, N, kind)
+    layer.bias.data.normal_()
+    x = torch.randn(3, K)
+    before = layer(x)
+    assert repack_awq_kmajor(torch.nn.Sequential(layer, AWQLinear(96, 64, False, _awq(32)))) == 1  # K 96: kept
+    assert layer.kmajor and layer.qweight.shape == (K // 8, N) and layer.qweight.dtype == torch.int32
+    torch.testing.assert_close(layer(x), before, rtol=0, atol=0)  # the same fp32 reference arithmetic
+    assert layer.use_kmajor()  # a second call changes nothing
+    with pytest.raises(RuntimeError, match="repacked K-major"):
+        layer.load("scales", s, 0, N, "s")
 
 
 @pytest.mark.parametrize("symmetric", [False, True])
