@@ -1,12 +1,14 @@
-"""The K-major INT4 tensor-core prototype (tachyon/kernels/awq_mma.py) against what the engine runs today
-(awq_linear with this GPU's tuned config) and cuBLAS bf16, on llama3-70b's and llama3-8b's layers.
+"""The INT4 tensor-core kernels (tachyon/kernels/awq_mma.py: K-major repacked, and on the natural layout) against
+what the engine runs today (awq_linear with this GPU's tuned config) and cuBLAS bf16, on llama3-70b's and
+llama3-8b's layers.
 
     PYTHONPATH=. python benchmarks/awq_mma.py --out $OUT/awq_mma.json [--rows 1,16,64,256] [--budget-s 150]
 
 Per (layer, M): the relative error of each kernel against awq_linear_ref (bf16), then GPU ms per call (a CUDA
 graph over weight copies adding up to > 256 MB, so nothing is served from L2; median of 10 replays) and GB/s of
-the weight's bytes (K*N/2 + zeros + bf16 scales). Every MMA_CONFIGS entry is timed while the budget lasts; the
-best one is reported beside today's kernel. A config further than 2e-2 from the reference is not timed.
+the weight's bytes (K*N/2 + zeros + bf16 scales). Every MMA_CONFIGS entry (K-major) and, up to 16 rows, every
+NATURAL_CONFIGS entry is timed while the budget lasts; the best of each is reported beside today's kernel. A config
+further than 2e-2 from the reference is not timed.
 """
 
 from __future__ import annotations
@@ -24,7 +26,13 @@ import triton
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from quant_kernels import DEV, GROUP, L2_DEFEAT_BYTES, SHAPES, graph_ms, rel_errs, weight_bytes  # noqa: E402
 
-from tachyon.kernels.awq_mma import MMA_CONFIGS, awq_mma_linear, pack_int4_kmajor  # noqa: E402
+from tachyon.kernels.awq_mma import (  # noqa: E402
+    MMA_CONFIGS,
+    NATURAL_CONFIGS,
+    awq_mma_linear,
+    awq_mma_natural,
+    pack_int4_kmajor,
+)
 from tachyon.kernels.quant_linear import awq_linear, awq_linear_ref, default_config  # noqa: E402
 
 
@@ -80,18 +88,35 @@ def main() -> None:
                     entry = {"error": repr(e)[:300]}
                 cfgs[str(cfg)] = entry
             row["mma"] = cfgs
-            timed = {c: v["ms"] for c, v in cfgs.items() if "ms" in v}
-            if timed:
-                best = min(timed, key=timed.get)
-                row["mma_best"] = {"config": best, "ms": timed[best], "GBps": wb / timed[best] / 1e6,
-                                   "speedup_vs_today": row["today"]["ms"] / timed[best]}
+            nat = {}
+            for cfg in NATURAL_CONFIGS if m <= 16 else []:
+                if time.monotonic() - start > args.budget_s and nat:
+                    break
+                try:
+                    err = rel_errs(awq_mma_natural(x, q, z, s, GROUP, config=cfg), ref)[0]
+                    entry = {"rel_err": err}
+                    if err <= 2e-2:
+                        entry["ms"] = graph_ms(
+                            lambda w, x=x, y=y, cfg=cfg: awq_mma_natural(x, w[0], w[1], w[2], GROUP, config=cfg,
+                                                                           out=y), ws)
+                except Exception as e:
+                    entry = {"error": repr(e)[:300]}
+                nat[str(cfg)] = entry
+            row["natural"] = nat
+            for key, table in (("mma_best", cfgs), ("natural_best", nat)):
+                timed = {c: v["ms"] for c, v in table.items() if "ms" in v}
+                if timed:
+                    best = min(timed, key=timed.get)
+                    row[key] = {"config": best, "ms": timed[best], "GBps": wb / timed[best] / 1e6,
+                                "speedup_vs_today": row["today"]["ms"] / timed[best]}
             row["today"]["GBps"] = wb / row["today"]["ms"] / 1e6
             report["results"].append(row)
-            b = row.get("mma_best", {})
+            b, nb = row.get("mma_best", {}), row.get("natural_best", {})
             print(f"{model} {layer} M={m}: today {row['today']['ms']:.4f} ms ({row['today']['GBps']:.0f} GB/s, "
-                  f"err {row['today']['rel_err']:.1e}) | mma {b.get('ms', float('nan')):.4f} ms "
+                  f"err {row['today']['rel_err']:.1e}) | K-major {b.get('ms', float('nan')):.4f} ms "
                   f"({b.get('GBps', 0):.0f} GB/s, {b.get('config')}) x{b.get('speedup_vs_today', 0):.2f} | "
-                  f"cuBLAS bf16 {row['cublas_bf16_ms']:.4f} ms", flush=True)
+                  f"natural {nb.get('ms', float('nan')):.4f} ms ({nb.get('GBps', 0):.0f} GB/s, {nb.get('config')}) "
+                  f"x{nb.get('speedup_vs_today', 0):.2f} | cuBLAS bf16 {row['cublas_bf16_ms']:.4f} ms", flush=True)
             with open(args.out, "w") as f:
                 json.dump(report, f, indent=1)
         del ws, dense

@@ -35,6 +35,7 @@ from tachyon.kernels.quant_linear import _num_sms, _output, _sum_splits, split_k
 from tachyon.kernels.quant_ref import (  # noqa: F401  (the K-major layout and its reference live there)
     KMAJOR_TILE,
     awq_kmajor_ref,
+    check_awq_args,
     check_awq_kmajor_args,
     dequantize_kmajor_ref,
     pack_int4_kmajor,
@@ -183,6 +184,123 @@ def _awq_mma_kernel(
     tl.store(y, acc.to(out_ptr.dtype.element_ty), mask=mask_n[:, None] & mask_m[None, :])
 
 
+@triton.jit
+def _nat_dot(q, xj, part, J: tl.constexpr, FIRST: tl.constexpr, MAGIC: tl.constexpr, ASM: tl.constexpr):
+    """The dot of nibble J of the natural-layout words q [P, 16] (outputs 8p + J) with x^T [16, BLOCK_M]."""
+    a = _nibble(q, xj, J, MAGIC, ASM)
+    if FIRST:
+        return tl.dot(a, xj)
+    else:
+        return tl.dot(a, xj, part)
+
+
+@triton.jit
+def _nat_epilogue(acc, part, zw, xs, s_row, offs_p, mask_p, J: tl.constexpr, OFFSET: tl.constexpr):
+    """acc += s * (part - (off + z) * sum x) for outputs 8p + J: zw [P] the group's zero words, s_row its scales."""
+    z = ((zw >> (4 * J)) & 0xF).to(tl.float32) + OFFSET
+    s = tl.load(s_row + offs_p * 8 + J, mask=mask_p, other=0.0).to(tl.float32)
+    return acc + s[:, None] * (part - z[:, None] * xs)
+
+
+@triton.jit
+def _nat_store(out_rows, acc, offs_p, mask_p, mask_m, b_ptr, HAS_BIAS: tl.constexpr, J: tl.constexpr):
+    if HAS_BIAS:
+        acc += tl.load(b_ptr + offs_p * 8 + J, mask=mask_p, other=0.0).to(tl.float32)[:, None]
+    tl.store(out_rows + (offs_p * 8 + J)[:, None], acc.to(out_rows.dtype.element_ty),
+             mask=mask_p[:, None] & mask_m[None, :])
+
+
+@triton.jit
+def _awq_mma_natural_kernel(
+    x_ptr, qw_ptr, qz_ptr, s_ptr, b_ptr, out_ptr,
+    M, N, N8, K, K_SPLIT, stride_xm, stride_om, stride_os,
+    GROUP: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_M: tl.constexpr,
+    MAGIC: tl.constexpr, OFFSET: tl.constexpr, ASM: tl.constexpr, XTILE: tl.constexpr, PDL: tl.constexpr = False,
+):
+    """The same tensor-core product on the natural layout (qweight [K, N / 8], 8 columns a word): a [BLOCK_P, 16]
+    block of words (BLOCK_P packed columns, 16 rows of K) gives eight A operands, nibble j of every word being
+    output 8p + j, so each j has its own accumulator [BLOCK_P, BLOCK_M] (8 * BLOCK_P outputs a program). No
+    repacking: the one-row walk and this kernel read the same weight."""
+    pdl.enter(PDL)
+    pid_n, pid_m, pid_k = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    E: tl.constexpr = min(GROUP, 128) // 16
+    offs_p = pid_n * BLOCK_P + tl.arange(0, BLOCK_P)
+    mask_p = offs_p < N8
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    mask_m = offs_m < M
+    offs_i = tl.arange(0, 16)
+    q_ptrs = qw_ptr + offs_i.to(tl.int64)[None, :] * N8 + offs_p[:, None]  # [BLOCK_P, 16]
+    x_ptrs = x_ptr + offs_m.to(tl.int64)[None, :] * stride_xm + offs_i[:, None]  # [16, BLOCK_M]: x^T
+    k_start = pid_k * K_SPLIT
+    k_end = tl.minimum(k_start + K_SPLIT, K)
+    acc0 = tl.zeros((BLOCK_P, BLOCK_M), dtype=tl.float32)
+    acc1 = tl.zeros((BLOCK_P, BLOCK_M), dtype=tl.float32)
+    acc2 = tl.zeros((BLOCK_P, BLOCK_M), dtype=tl.float32)
+    acc3 = tl.zeros((BLOCK_P, BLOCK_M), dtype=tl.float32)
+    acc4 = tl.zeros((BLOCK_P, BLOCK_M), dtype=tl.float32)
+    acc5 = tl.zeros((BLOCK_P, BLOCK_M), dtype=tl.float32)
+    acc6 = tl.zeros((BLOCK_P, BLOCK_M), dtype=tl.float32)
+    acc7 = tl.zeros((BLOCK_P, BLOCK_M), dtype=tl.float32)
+    part0 = acc0
+    part1 = acc0
+    part2 = acc0
+    part3 = acc0
+    part4 = acc0
+    part5 = acc0
+    part6 = acc0
+    part7 = acc0
+    q_ptrs += k_start.to(tl.int64) * N8
+    if XTILE:
+        xt_ptrs = x_ptr + offs_m.to(tl.int64)[:, None] * stride_xm + tl.arange(0, 128)[None, :]
+        xt_next = tl.load(xt_ptrs + k_start, mask=mask_m[:, None], other=0.0)
+    for k0 in range(k_start, k_end, 128):
+        if XTILE:
+            xt = xt_next
+            xt_next = tl.load(xt_ptrs + (k0 + 128), mask=mask_m[:, None] & (k0 + 128 < k_end), other=0.0)
+        for i in tl.static_range(8):
+            q = tl.load(q_ptrs, mask=mask_p[:, None], other=0)
+            q_ptrs += 16 * N8
+            xj = tl.load(x_ptrs + (k0 + 16 * i), mask=mask_m[None, :], other=0.0)
+            part0 = _nat_dot(q, xj, part0, 0, i % E == 0, MAGIC, ASM)
+            part1 = _nat_dot(q, xj, part1, 1, i % E == 0, MAGIC, ASM)
+            part2 = _nat_dot(q, xj, part2, 2, i % E == 0, MAGIC, ASM)
+            part3 = _nat_dot(q, xj, part3, 3, i % E == 0, MAGIC, ASM)
+            part4 = _nat_dot(q, xj, part4, 4, i % E == 0, MAGIC, ASM)
+            part5 = _nat_dot(q, xj, part5, 5, i % E == 0, MAGIC, ASM)
+            part6 = _nat_dot(q, xj, part6, 6, i % E == 0, MAGIC, ASM)
+            part7 = _nat_dot(q, xj, part7, 7, i % E == 0, MAGIC, ASM)
+            if XTILE:
+                if i == 7:
+                    xs = tl.sum(xt.to(tl.float32), axis=1)[None, :]
+            else:
+                ones = tl.full((BLOCK_P, 16), 1.0, xj.dtype)
+                if i % E == 0:
+                    xs = tl.dot(ones, xj)
+                else:
+                    xs = tl.dot(ones, xj, xs)
+            if (i + 1) % E == 0:
+                g = (k0 + 16 * (i + 1 - E)) // GROUP
+                zw = tl.load(qz_ptr + g * N8 + offs_p, mask=mask_p, other=0)
+                s_row = s_ptr + g * N
+                acc0 = _nat_epilogue(acc0, part0, zw, xs, s_row, offs_p, mask_p, 0, OFFSET)
+                acc1 = _nat_epilogue(acc1, part1, zw, xs, s_row, offs_p, mask_p, 1, OFFSET)
+                acc2 = _nat_epilogue(acc2, part2, zw, xs, s_row, offs_p, mask_p, 2, OFFSET)
+                acc3 = _nat_epilogue(acc3, part3, zw, xs, s_row, offs_p, mask_p, 3, OFFSET)
+                acc4 = _nat_epilogue(acc4, part4, zw, xs, s_row, offs_p, mask_p, 4, OFFSET)
+                acc5 = _nat_epilogue(acc5, part5, zw, xs, s_row, offs_p, mask_p, 5, OFFSET)
+                acc6 = _nat_epilogue(acc6, part6, zw, xs, s_row, offs_p, mask_p, 6, OFFSET)
+                acc7 = _nat_epilogue(acc7, part7, zw, xs, s_row, offs_p, mask_p, 7, OFFSET)
+    out_rows = out_ptr + pid_k.to(tl.int64) * stride_os + offs_m.to(tl.int64)[None, :] * stride_om
+    _nat_store(out_rows, acc0, offs_p, mask_p, mask_m, b_ptr, HAS_BIAS, 0)
+    _nat_store(out_rows, acc1, offs_p, mask_p, mask_m, b_ptr, HAS_BIAS, 1)
+    _nat_store(out_rows, acc2, offs_p, mask_p, mask_m, b_ptr, HAS_BIAS, 2)
+    _nat_store(out_rows, acc3, offs_p, mask_p, mask_m, b_ptr, HAS_BIAS, 3)
+    _nat_store(out_rows, acc4, offs_p, mask_p, mask_m, b_ptr, HAS_BIAS, 4)
+    _nat_store(out_rows, acc5, offs_p, mask_p, mask_m, b_ptr, HAS_BIAS, 5)
+    _nat_store(out_rows, acc6, offs_p, mask_p, mask_m, b_ptr, HAS_BIAS, 6)
+    _nat_store(out_rows, acc7, offs_p, mask_p, mask_m, b_ptr, HAS_BIAS, 7)
+
+
 def default_mma_config(m: int) -> tuple:
     """The config for m rows: the 16-row tile up to 16, taller tiles up to MMA_MAX_ROWS, then dequant + cuBLAS."""
     if m <= 16:
@@ -234,6 +352,50 @@ def awq_mma_linear(x: torch.Tensor, qweight_k: torch.Tensor, qzeros: torch.Tenso
         BLOCK_N=block_n, BLOCK_M=block_m, MAGIC=magic, OFFSET=offset, ASM=_asm(x.device),
         XTILE=group_size >= TILE_K, num_warps=warps, num_stages=stages,
         **pdl.launch_args(),
+    )
+    if split > 1:
+        _sum_splits(dst, bias, y)
+    return y
+
+
+# (BLOCK_P packed columns = 8 * BLOCK_P outputs, BLOCK_M, SPLIT_K, num_warps, num_stages) for the natural layout
+NATURAL_CONFIGS = [(64, 16, 0, 4, 2), (64, 16, 0, 4, 3), (32, 16, 0, 4, 2), (64, 16, 4, 4, 2), (64, 64, 0, 8, 2),
+                   (64, 128, 0, 8, 2)]
+
+
+def awq_mma_natural(x: torch.Tensor, qweight: torch.Tensor, qzeros: torch.Tensor, scales: torch.Tensor,
+                    group_size: int, bias: torch.Tensor | None = None, config: tuple | None = None,
+                    out: torch.Tensor | None = None) -> torch.Tensor:
+    """awq_linear's product (natural qweight int32 [K, N // 8]) on tensor cores: _awq_mma_natural_kernel.
+    K % 128 == 0; x fp16 or bf16. config: a NATURAL_CONFIGS entry (default the first)."""
+    n, k = check_awq_args(x, qweight, qzeros, scales, group_size, bias, "awq_mma_natural")
+    if k % TILE_K:
+        raise ValueError(f"awq_mma_natural: K = {k} must be a multiple of {TILE_K}")
+    if x.dtype not in _MAGIC:
+        raise TypeError(f"awq_mma_natural: x must be float16 or bfloat16, got {x.dtype}")
+    if x.stride(-1) != 1:
+        x = x.contiguous()
+    y = _output(x, n, out)
+    m = x.shape[0]
+    if m == 0:
+        return y
+    block_p, block_m, split, warps, stages = config if config is not None else NATURAL_CONFIGS[0]
+    block_m = max(16, min(block_m, triton.next_power_of_2(m)))
+    n8 = n // 8
+    grid_n, grid_m, k_tiles = triton.cdiv(n8, block_p), triton.cdiv(m, block_m), k // TILE_K
+    if split == 0:
+        groups = k // group_size
+        weight_bytes = k * n // 2 + groups * n // 2 + groups * n * scales.element_size()
+        split = split_k(grid_n * grid_m, k_tiles, m * n * 4, weight_bytes, _num_sms(x.device))
+    k_split = triton.cdiv(k_tiles, max(1, min(split, k_tiles))) * TILE_K
+    split = triton.cdiv(k, k_split)
+    dst = y if split == 1 else torch.empty(split, m, n, dtype=torch.float32, device=x.device)
+    magic, offset = _MAGIC[x.dtype]
+    _awq_mma_natural_kernel[(grid_n, grid_m, split)](
+        x, qweight, qzeros, scales, bias if bias is not None else y, dst, m, n, n8, k, k_split,
+        x.stride(0), n, m * n, GROUP=group_size, HAS_BIAS=bias is not None and split == 1,
+        BLOCK_P=block_p, BLOCK_M=block_m, MAGIC=magic, OFFSET=offset, ASM=_asm(x.device),
+        XTILE=group_size >= TILE_K, num_warps=warps, num_stages=stages, **pdl.launch_args(),
     )
     if split > 1:
         _sum_splits(dst, bias, y)

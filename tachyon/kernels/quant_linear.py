@@ -69,15 +69,19 @@ _RGEMV_FEW = [("rgemv", 128, 32, 4, 4, 2), ("rgemv", 128, 16, 4, 4, 2), ("rgemv"
               ("rgemv", 128, 32, 4, 2, 2)]
 _RGEMV_SKINNY = [("rgemv", 128, 16, 4, 8, 2), ("rgemv", 128, 32, 4, 8, 2), ("rgemv", 64, 16, 2, 8, 2),
                  ("rgemv", 128, 16, 4, 16, 2)]
+# ("mma", BLOCK_P, BLOCK_M, SPLIT_K, num_warps, num_stages): the tensor-core product of kernels/awq_mma.py on the
+# same natural layout (8 * BLOCK_P outputs a program, up to BLOCK_M = 16 rows; K % 128 == 0, fp16/bf16, else the
+# bucket's first config runs). Never a bucket's default: a GPU's tuned table picks it where it measures faster.
+_MMA = [("mma", 64, 16, 0, 4, 2), ("mma", 64, 16, 0, 4, 3), ("mma", 64, 16, 4, 4, 2), ("mma", 64, 16, 8, 4, 2)]
 AWQ_CONFIGS = {
     "one_row": [("gemv", 256, 32, 4, False, 2), ("gemv", 128, 64, 4, False, 2), ("gemv", 256, 64, 4, False, 2),
                 ("gemv", 512, 32, 4, False, 2), ("gemv", 128, 32, 4, False, 2), ("gemv", 256, 32, 8, False, 2),
                 ("gemv", 64, 32, 1, False, 2), ("gemv", 32, 32, 1, False, 2), ("gemv", 128, 32, 4, True, 2),
                 ("gemv", 128, 64, 4, False, 0), ("gemv", 256, 32, 8, False, 0), ("gemv", 128, 32, 4, False, 0),
-                ("gemv", 32, 32, 1, False, 0), ("gemv", 128, 32, 4, False, 1), (1, 128, 64, 0, 4, 4, True)],
-    "few": _GEMV_FEW + [(16, 128, 128, 0, 4, 3), (16, 64, 128, 0, 4, 4)] + _DEQUANT[:1] + _RGEMV_FEW,
+                ("gemv", 32, 32, 1, False, 0), ("gemv", 128, 32, 4, False, 1), (1, 128, 64, 0, 4, 4, True)] + _MMA,
+    "few": _GEMV_FEW + [(16, 128, 128, 0, 4, 3), (16, 64, 128, 0, 4, 4)] + _DEQUANT[:1] + _RGEMV_FEW + _MMA,
     "skinny": [(16, 128, 128, 0, 4, 3), (16, 64, 128, 0, 4, 4), (16, 256, 64, 0, 8, 3), (16, 32, 128, 0, 4, 4)]
-              + _GEMV_FEW[:2] + _DEQUANT + _RGEMV_SKINNY,
+              + _GEMV_FEW[:2] + _DEQUANT + _RGEMV_SKINNY + _MMA,
     "gemm": [(64, 128, 64, 0, 4, 3), (64, 64, 128, 0, 4, 4), (128, 128, 64, 0, 8, 3), (128, 256, 64, 1, 8, 3)]
             + _DEQUANT,
     "prefill": _DEQUANT + [(128, 128, 64, 0, 8, 3), (128, 256, 64, 1, 8, 3)],
@@ -743,6 +747,12 @@ def awq_linear(x: torch.Tensor, qweight: torch.Tensor, qzeros: torch.Tensor, sca
     if x.shape[0] == 0:
         return y
     cfg = config if config is not None else default_config("awq", x.shape[0], n, k, x.device, group_size)
+    if cfg[0] == "mma":
+        if k % 128 == 0 and x.dtype in (torch.float16, torch.bfloat16):
+            from tachyon.kernels.awq_mma import awq_mma_natural
+
+            return awq_mma_natural(x, qweight, qzeros, scales, group_size, bias, cfg[1:], y)
+        cfg = AWQ_CONFIGS[row_bucket(x.shape[0])][0]  # a shape or dtype it cannot run
     groups = k // group_size
     if cfg[0] in ("gemv", "rgemv"):
         return _launch_awq_gemv(x, qweight, qzeros, scales, group_size, bias, y, cfg)

@@ -6,6 +6,8 @@ import torch
 
 from tachyon.kernels.awq_mma import (
     MMA_CONFIGS,
+    NATURAL_CONFIGS,
+    awq_mma_natural,
     awq_mma_linear,
     default_mma_config,
     dequantize_kmajor,
@@ -109,3 +111,39 @@ def test_reference_and_dequant_path_match_the_natural_layout(half, device, rel_e
     w = dequantize_kmajor(qk, qz, s, 64, block_n=32)
     assert w.dtype == half and w.shape == (256, 48)
     assert rel_err(w, dequantize_kmajor_ref(qk, qz, s, 64)) <= TOL[half]
+
+
+@pytest.mark.parametrize("g", [32, 64, 128])
+@pytest.mark.parametrize("m", [1, 5, 20])
+def test_natural_layout_mma_matches_reference(half, device, rel_err, g, m):
+    k, n = 256, 136  # 17 packed columns: the last column tile is masked
+    x, qw, qz, s, b = _case(k, n, g, m, half, device, bias=m == 5, seed=3 * g + m)
+    ref = awq_linear_ref(x, qw, qz, s, g, b)
+    for cfg in [(16, 16, 1, 4, 2), (16, 32, 2, 4, 2)]:  # no split; K split 2 with 32-row tiles
+        out = torch.full((m, n), float("nan"), dtype=half, device=device)
+        assert awq_mma_natural(x, qw, qz, s, g, b, config=cfg, out=out) is out
+        assert rel_err(out, ref) <= TOL[half], cfg
+
+
+def test_natural_layout_every_config_on_the_gpu(device, rel_err):
+    if device != "cuda":
+        pytest.skip("every config's compile: a GPU run")
+    k, n, g = 1024, 1024, 128
+    for m in (1, 64):
+        x, qw, qz, s, _ = _case(k, n, g, m, torch.bfloat16, device, bias=False, seed=m)
+        ref = awq_linear_ref(x, qw, qz, s, g)
+        for cfg in NATURAL_CONFIGS:
+            assert rel_err(awq_mma_natural(x, qw, qz, s, g, config=cfg), ref) <= TOL[torch.bfloat16], (m, cfg)
+
+
+def test_awq_linear_runs_an_mma_config_and_falls_back_where_it_cannot(device, rel_err):
+    from tachyon.kernels.quant_linear import AWQ_CONFIGS, awq_linear
+
+    mma = next(c for c in AWQ_CONFIGS["skinny"] if c[0] == "mma")
+    assert all(AWQ_CONFIGS[b][0][0] != "mma" for b in AWQ_CONFIGS)  # never a default: only a tuned table picks it
+    x, qw, qz, s, b = _case(256, 64, 64, 5, torch.float16, device, bias=True)
+    assert rel_err(awq_linear(x, qw, qz, s, 64, b, config=mma), awq_linear_ref(x, qw, qz, s, 64, b)) <= 2e-3
+    # fp32 activations and a K that is not whole 128-row tiles take the bucket's first config instead
+    for xx, k in ((x.float(), 256), (x[:, :192].float(), 192)):
+        ref = awq_linear_ref(xx, qw[:k], qz[: k // 64], s[: k // 64].float(), 64)
+        assert rel_err(awq_linear(xx, qw[:k], qz[: k // 64], s[: k // 64].float(), 64, config=mma), ref) <= 1e-5
