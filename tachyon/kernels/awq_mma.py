@@ -31,7 +31,6 @@ import triton
 import triton.language as tl
 
 from tachyon.kernels import pdl
-from tachyon.kernels.quant_linear import _num_sms, _output, _sum_splits, split_k
 from tachyon.kernels.quant_ref import (  # noqa: F401  (the K-major layout and its reference live there)
     KMAJOR_TILE,
     awq_kmajor_ref,
@@ -41,6 +40,7 @@ from tachyon.kernels.quant_ref import (  # noqa: F401  (the K-major layout and i
     pack_int4_kmajor,
     unpack_int4_kmajor,
 )
+from tachyon.kernels.splits import num_sms, output_buffer, split_k, sum_splits
 
 TILE_K = KMAJOR_TILE  # rows of K a loaded block of words covers: 16 word rows x 8 nibbles
 # (BLOCK_N, BLOCK_M, SPLIT_K, num_warps, num_stages); SPLIT_K 0: split_k picks it from the shape
@@ -327,7 +327,7 @@ def awq_mma_linear(x: torch.Tensor, qweight_k: torch.Tensor, qzeros: torch.Tenso
         x = x.contiguous()
     if not (qweight_k.is_contiguous() and qzeros.is_contiguous() and scales.is_contiguous()):
         raise ValueError("awq_mma_linear: qweight, qzeros and scales must be contiguous")
-    y = _output(x, n, out)
+    y = output_buffer(x, n, out)
     m = x.shape[0]
     if m == 0:
         return y
@@ -341,7 +341,7 @@ def awq_mma_linear(x: torch.Tensor, qweight_k: torch.Tensor, qzeros: torch.Tenso
     groups = k // group_size
     if split == 0:
         weight_bytes = k * n // 2 + groups * n // 2 + groups * n * scales.element_size()
-        split = split_k(grid_n * grid_m, k_tiles, m * n * 4, weight_bytes, _num_sms(x.device))
+        split = split_k(grid_n * grid_m, k_tiles, m * n * 4, weight_bytes, num_sms(x.device))
     k_split = triton.cdiv(k_tiles, max(1, min(split, k_tiles))) * TILE_K
     split = triton.cdiv(k, k_split)  # no empty splits
     dst = y if split == 1 else torch.empty(split, m, n, dtype=torch.float32, device=x.device)
@@ -354,7 +354,7 @@ def awq_mma_linear(x: torch.Tensor, qweight_k: torch.Tensor, qzeros: torch.Tenso
         **pdl.launch_args(),
     )
     if split > 1:
-        _sum_splits(dst, bias, y)
+        sum_splits(dst, bias, y)
     return y
 
 
@@ -375,7 +375,7 @@ def awq_mma_natural(x: torch.Tensor, qweight: torch.Tensor, qzeros: torch.Tensor
         raise TypeError(f"awq_mma_natural: x must be float16 or bfloat16, got {x.dtype}")
     if x.stride(-1) != 1:
         x = x.contiguous()
-    y = _output(x, n, out)
+    y = output_buffer(x, n, out)
     m = x.shape[0]
     if m == 0:
         return y
@@ -386,7 +386,7 @@ def awq_mma_natural(x: torch.Tensor, qweight: torch.Tensor, qzeros: torch.Tensor
     if split == 0:
         groups = k // group_size
         weight_bytes = k * n // 2 + groups * n // 2 + groups * n * scales.element_size()
-        split = split_k(grid_n * grid_m, k_tiles, m * n * 4, weight_bytes, _num_sms(x.device))
+        split = split_k(grid_n * grid_m, k_tiles, m * n * 4, weight_bytes, num_sms(x.device))
     k_split = triton.cdiv(k_tiles, max(1, min(split, k_tiles))) * TILE_K
     split = triton.cdiv(k, k_split)
     dst = y if split == 1 else torch.empty(split, m, n, dtype=torch.float32, device=x.device)
@@ -398,5 +398,5 @@ def awq_mma_natural(x: torch.Tensor, qweight: torch.Tensor, qzeros: torch.Tensor
         XTILE=group_size >= TILE_K, num_warps=warps, num_stages=stages, **pdl.launch_args(),
     )
     if split > 1:
-        _sum_splits(dst, bias, y)
+        sum_splits(dst, bias, y)
     return y

@@ -40,6 +40,7 @@ from tachyon.kernels.quant_ref import (  # noqa: F401  (the layouts and referenc
     pack_int4,
     unpack_int4,
 )
+from tachyon.kernels.splits import num_sms, output_buffer, split_k, sum_splits
 
 # (BLOCK_M, BLOCK_N, BLOCK_K, SPLIT_K, num_warps, num_stages[, late_reduce]) per row bucket; the first of each
 # list is the default. BLOCK_M 1 is the one-row FMA walk (one program per row); SPLIT_K 0 means `split_k` picks
@@ -141,21 +142,6 @@ def row_bucket(m: int) -> str:
     return "gemm" if m <= MAX_GEMM_ROWS else "prefill"
 
 
-def split_k(programs: int, k_tiles: int, partial_bytes: int, weight_bytes: int, num_sms: int) -> int:
-    """How many ways to split K: doubled while the (M, N) tiles give fewer than two programs per SM, each split
-    keeps at least 4 K tiles, and the fp32 partials (written, then read) stay within a quarter of the weight's
-    bytes."""
-    split = 1
-    while programs * split < 2 * num_sms and k_tiles >= 8 * split and 4 * split * partial_bytes <= weight_bytes // 4:
-        split *= 2
-    return split
-
-
-@functools.cache
-def _num_sms(device: torch.device) -> int:
-    if device.type == "cuda":
-        return torch.cuda.get_device_properties(device).multi_processor_count
-    return 132  # the interpreter: an H100/H200's count, so CPU tests take the same split decisions
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -542,21 +528,6 @@ def _awq_gemv_rows_kernel(
     _store_rows_col(out_rows, b_ptr, acc7, offs_p, mask_p, mask_r, HAS_BIAS, 7)
 
 
-@triton.jit
-def _sum_splits_kernel(p_ptr, b_ptr, y_ptr, MN, N, SPLIT_K: tl.constexpr, HAS_BIAS: tl.constexpr,
-                       BLOCK: tl.constexpr, PDL: tl.constexpr = False):
-    """y = sum over the SPLIT_K fp32 partials [SPLIT_K, M, N] (+ bias), in split order."""
-    pdl.enter(PDL)
-    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-    mask = offs < MN
-    acc = tl.load(p_ptr + offs, mask=mask, other=0.0)
-    for s in tl.static_range(1, SPLIT_K):
-        acc += tl.load(p_ptr + s * MN + offs, mask=mask, other=0.0)
-    if HAS_BIAS:
-        acc += tl.load(b_ptr + offs % N, mask=mask, other=0.0).to(tl.float32)
-    tl.store(y_ptr + offs, acc.to(y_ptr.dtype.element_ty), mask=mask)
-
-
 # ---------------------------------------------------------------------------------------------------------------
 # launchers
 
@@ -579,15 +550,6 @@ def _awq_dequant_kernel(qw_ptr, qz_ptr, s_ptr, w_ptr, N, N8, GROUP: tl.constexpr
     tl.store(w_ptr + kk[:, None] * N + offs_n[None, :], w.to(w_ptr.dtype.element_ty), mask=mask_n[None, :])
 
 
-def _output(x: torch.Tensor, n: int, out: torch.Tensor | None) -> torch.Tensor:
-    if out is None:
-        return torch.empty(x.shape[0], n, dtype=x.dtype, device=x.device)
-    if out.shape != (x.shape[0], n) or out.dtype != x.dtype or not out.is_contiguous():
-        raise ValueError(f"out must be a contiguous {x.dtype} [{x.shape[0]}, {n}], got {out.dtype} "
-                         f"{tuple(out.shape)}")
-    return out
-
-
 def _launch(kernel, x, weights: tuple, sizes: tuple, bias, y, n: int, k: int, cfg: tuple, max_block_k: int,
             weight_bytes: int, **meta) -> torch.Tensor:
     """Clip cfg to the shape, pick SPLIT_K, run the kernel (and the split sum)."""
@@ -602,7 +564,7 @@ def _launch(kernel, x, weights: tuple, sizes: tuple, bias, y, n: int, k: int, cf
     k_tiles = triton.cdiv(k, block_k)
     grid_m, grid_n = triton.cdiv(m, block_m), triton.cdiv(n, block_n)
     if split == 0:
-        split = split_k(grid_m * grid_n, k_tiles, m * n * 4, weight_bytes, _num_sms(x.device))
+        split = split_k(grid_m * grid_n, k_tiles, m * n * 4, weight_bytes, num_sms(x.device))
     k_split = triton.cdiv(k_tiles, max(1, min(split, k_tiles))) * block_k
     split = triton.cdiv(k, k_split)  # no empty splits
     dst = y if split == 1 else torch.empty(split, m, n, dtype=torch.float32, device=x.device)
@@ -614,18 +576,8 @@ def _launch(kernel, x, weights: tuple, sizes: tuple, bias, y, n: int, k: int, cf
         num_warps=warps, num_stages=stages, **meta, **pdl.launch_args(),
     )
     if split > 1:
-        _sum_splits(dst, bias, y)
+        sum_splits(dst, bias, y)
     return y
-
-
-def _sum_splits(partials: torch.Tensor, bias, y: torch.Tensor) -> None:
-    """y = the sum of the fp32 K-split partials [split, m, n] (+ bias), in a fixed order: deterministic."""
-    split, m, n = partials.shape
-    block = 1024
-    _sum_splits_kernel[(triton.cdiv(m * n, block),)](
-        partials, bias if bias is not None else y, y, m * n, n, SPLIT_K=split, HAS_BIAS=bias is not None,
-        BLOCK=block, num_warps=4, **pdl.launch_args(),
-    )
 
 
 def gemv_split_k(col_tiles: int, groups: int, partial_bytes: int, weight_bytes: int, num_sms: int) -> int:
@@ -660,7 +612,7 @@ def _launch_awq_gemv(x, qweight, qzeros, scales, group_size: int, bias, y, cfg: 
     groups = k // group_size
     tiles = triton.cdiv(n8, block_p)
     weight_bytes = k * n // 2 + groups * n // 2 + groups * n * scales.element_size()
-    split = gemv_split_k(tiles, groups, m * n * 4, weight_bytes, _num_sms(x.device))
+    split = gemv_split_k(tiles, groups, m * n * 4, weight_bytes, num_sms(x.device))
     k_split = triton.cdiv(groups, split) * group_size
     split = triton.cdiv(k, k_split)
     dst = y if split == 1 else torch.empty(split, m, n, dtype=torch.float32, device=x.device)
@@ -680,7 +632,7 @@ def _launch_awq_gemv(x, qweight, qzeros, scales, group_size: int, bias, y, cfg: 
             num_stages=1, **pdl.launch_args(),
         )
     if split > 1:
-        _sum_splits(dst, bias, y)
+        sum_splits(dst, bias, y)
     return y
 
 
@@ -724,7 +676,7 @@ def int8_linear(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, bi
         x = x.contiguous()
     if not (qweight.is_contiguous() and scales.is_contiguous()):
         raise ValueError("int8_linear: qweight and scales must be contiguous")
-    y = _output(x, n, out)
+    y = output_buffer(x, n, out)
     if x.shape[0] == 0:
         return y
     cfg = config if config is not None else default_config("int8", x.shape[0], n, k, x.device)
@@ -743,7 +695,7 @@ def awq_linear(x: torch.Tensor, qweight: torch.Tensor, qzeros: torch.Tensor, sca
         x = x.contiguous()
     if not (qweight.is_contiguous() and qzeros.is_contiguous() and scales.is_contiguous()):
         raise ValueError("awq_linear: qweight, qzeros and scales must be contiguous")
-    y = _output(x, n, out)
+    y = output_buffer(x, n, out)
     if x.shape[0] == 0:
         return y
     cfg = config if config is not None else default_config("awq", x.shape[0], n, k, x.device, group_size)

@@ -33,17 +33,9 @@ import triton
 import triton.language as tl
 
 from tachyon.kernels import pdl
-from tachyon.kernels.quant_linear import (
-    _device_table,
-    _int8_to_float,
-    _num_sms,
-    _output,
-    _sum_splits,
-    row_bucket,
-    split_k,
-    tuned_key,
-)
+from tachyon.kernels.quant_linear import _device_table, _int8_to_float, row_bucket, tuned_key
 from tachyon.kernels.quant_ref import SCALED_QMAX, check_scaled_args, quantize_rows_ref, scaled_linear_ref  # noqa: F401
+from tachyon.kernels.splits import num_sms, output_buffer, split_k, sum_splits
 
 MAX_ROW_WALK_ROWS = 16  # up to this many rows a linear layer is bandwidth-bound: the row walk
 ROW_WALK_CONFIG = ("walk", 16, 512, 4, 4)  # kind, BLOCK_N, BLOCK_K, num_warps, num_stages
@@ -329,7 +321,7 @@ def _row_walk(x, weight, weight_scale, bias, input_scale, y, config: tuple, pre=
     k_tiles = triton.cdiv(k, block_k)
     tiles = triton.cdiv(n, block_n)
     programs = tiles if dot else m * tiles
-    split = split_k(programs, k_tiles, m * n * 4, n * k, _num_sms(x.device))
+    split = split_k(programs, k_tiles, m * n * 4, n * k, num_sms(x.device))
     k_split = triton.cdiv(k_tiles, split) * block_k
     split = triton.cdiv(k, k_split)
     dst = y if split == 1 else torch.empty(split, m, n, dtype=torch.float32, device=x.device)
@@ -349,7 +341,7 @@ def _row_walk(x, weight, weight_scale, bias, input_scale, y, config: tuple, pre=
         _w8a8_row_kernel[(m, tiles, split)](*args, n, k, k_split, x.stride(0), n, m * n, AMAX_BLOCK=amax_block,
                                             LATE_REDUCE=kind == "lwalk", **meta)
     if split > 1:
-        _sum_splits(dst, bias, y)
+        sum_splits(dst, bias, y)
     return y
 
 
@@ -397,7 +389,7 @@ def scaled_linear(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Ten
     elif config[0] == "cublas" and not cublas_takes(x, weight):
         raise ValueError(f"scaled_linear: cuBLAS does not take {m} rows of {x.dtype} x {weight.dtype} [{n}, {k}]")
     kind = config[0] if isinstance(config[0], str) else "walk"
-    y = _output(x, n, out) if kind != "cublas" or out is not None or weight.dtype == torch.int8 else None
+    y = output_buffer(x, n, out) if kind != "cublas" or out is not None or weight.dtype == torch.int8 else None
     if m == 0:
         return y
     if kind in WALK_KINDS:

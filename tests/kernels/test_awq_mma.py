@@ -7,8 +7,8 @@ import torch
 from tachyon.kernels.awq_mma import (
     MMA_CONFIGS,
     NATURAL_CONFIGS,
-    awq_mma_natural,
     awq_mma_linear,
+    awq_mma_natural,
     default_mma_config,
     dequantize_kmajor,
     dequantize_kmajor_ref,

@@ -1,0 +1,63 @@
+"""What the quantized linears' launchers share: the K-split decision, the fp32 partials' fixed-order sum, the
+output buffer check, the SM count (kernels/quant_linear.py, scaled_linear.py, awq_mma.py)."""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+import triton
+import triton.language as tl
+
+from tachyon.kernels import pdl
+
+
+def split_k(programs: int, k_tiles: int, partial_bytes: int, weight_bytes: int, num_sms: int) -> int:
+    """How many ways to split K: doubled while the (M, N) tiles give fewer than two programs per SM, each split
+    keeps at least 4 K tiles, and the fp32 partials (written, then read) stay within a quarter of the weight's
+    bytes."""
+    split = 1
+    while programs * split < 2 * num_sms and k_tiles >= 8 * split and 4 * split * partial_bytes <= weight_bytes // 4:
+        split *= 2
+    return split
+
+
+@functools.cache
+def num_sms(device: torch.device) -> int:
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).multi_processor_count
+    return 132  # the interpreter: an H100/H200's count, so CPU tests take the same split decisions
+
+
+@triton.jit
+def _sum_splits_kernel(p_ptr, b_ptr, y_ptr, MN, N, SPLIT_K: tl.constexpr, HAS_BIAS: tl.constexpr,
+                       BLOCK: tl.constexpr, PDL: tl.constexpr = False):
+    """y = sum over the SPLIT_K fp32 partials [SPLIT_K, M, N] (+ bias), in split order."""
+    pdl.enter(PDL)
+    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < MN
+    acc = tl.load(p_ptr + offs, mask=mask, other=0.0)
+    for s in tl.static_range(1, SPLIT_K):
+        acc += tl.load(p_ptr + s * MN + offs, mask=mask, other=0.0)
+    if HAS_BIAS:
+        acc += tl.load(b_ptr + offs % N, mask=mask, other=0.0).to(tl.float32)
+    tl.store(y_ptr + offs, acc.to(y_ptr.dtype.element_ty), mask=mask)
+
+
+def output_buffer(x: torch.Tensor, n: int, out: torch.Tensor | None) -> torch.Tensor:
+    if out is None:
+        return torch.empty(x.shape[0], n, dtype=x.dtype, device=x.device)
+    if out.shape != (x.shape[0], n) or out.dtype != x.dtype or not out.is_contiguous():
+        raise ValueError(f"out must be a contiguous {x.dtype} [{x.shape[0]}, {n}], got {out.dtype} "
+                         f"{tuple(out.shape)}")
+    return out
+
+
+def sum_splits(partials: torch.Tensor, bias, y: torch.Tensor) -> None:
+    """y = the sum of the fp32 K-split partials [split, m, n] (+ bias), in a fixed order: deterministic."""
+    split, m, n = partials.shape
+    block = 1024
+    _sum_splits_kernel[(triton.cdiv(m * n, block),)](
+        partials, bias if bias is not None else y, y, m * n, n, SPLIT_K=split, HAS_BIAS=bias is not None,
+        BLOCK=block, num_warps=4, **pdl.launch_args(),
+    )
