@@ -3,17 +3,23 @@ what the engine runs today (awq_linear with this GPU's tuned config) and cuBLAS 
 llama3-8b's layers.
 
     PYTHONPATH=. python benchmarks/awq_mma.py --out $OUT/awq_mma.json [--rows 1,16,64,256] [--budget-s 150]
+        [--write-tuned tachyon/kernels/quant_tuned/<GPU>.json]
+    python benchmarks/awq_mma.py --from-json awq_mma.json --write-tuned PATH   (no GPU: the table from a result)
 
 Per (layer, M): the relative error of each kernel against awq_linear_ref (bf16), then GPU ms per call (a CUDA
 graph over weight copies adding up to > 256 MB, so nothing is served from L2; median of 10 replays) and GB/s of
 the weight's bytes (K*N/2 + zeros + bf16 scales). Every MMA_CONFIGS entry (K-major) and, up to 16 rows, every
 NATURAL_CONFIGS entry is timed while the budget lasts; the best of each is reported beside today's kernel. A config
 further than 2e-2 from the reference is not timed.
+
+--write-tuned merges the fastest K-major config per (row bucket of the timed M, layer shape) into the GPU's tuned
+table under "awq_kmajor" (what quant_linear.kmajor_config reads when TACHYON_AWQ_MMA=1 repacked the layers).
 """
 
 from __future__ import annotations
 
 import argparse
+import ast
 import json
 import math
 import os
@@ -33,7 +39,33 @@ from tachyon.kernels.awq_mma import (  # noqa: E402
     awq_mma_natural,
     pack_int4_kmajor,
 )
-from tachyon.kernels.quant_linear import awq_linear, awq_linear_ref, default_config  # noqa: E402
+from tachyon.kernels.quant_linear import (  # noqa: E402
+    awq_linear,
+    awq_linear_ref,
+    default_config,
+    row_bucket,
+    tuned_key,
+)
+
+
+def write_tuned(report: dict, path: str) -> None:
+    """The fastest K-major config of each timed (M, layer) under "awq_kmajor" -> bucket -> "NxKgG" in path."""
+    try:
+        with open(path) as f:
+            table = json.load(f)
+    except FileNotFoundError:
+        table = {"device": report["gpu"]}
+    section = table.setdefault("configs", {}).setdefault("awq_kmajor", {})
+    for row in report["results"]:
+        best = row.get("mma_best")
+        if best:
+            key = tuned_key(row["N"], row["K"], report["group"])
+            section.setdefault(row_bucket(row["M"]), {})[key] = list(ast.literal_eval(best["config"]))
+    table["awq_kmajor_made_by"] = ("benchmarks/awq_mma.py --write-tuned (the fastest K-major config per row bucket "
+                                   f"and shape; {report['command']})")
+    with open(path, "w") as f:
+        json.dump(table, f, indent=1)
+    print("wrote", path)
 
 
 def main() -> None:
@@ -41,8 +73,18 @@ def main() -> None:
     ap.add_argument("--rows", default="1,16,64,256")
     ap.add_argument("--models", default="llama3-70b,llama3-8b")
     ap.add_argument("--budget-s", type=float, default=150.0)
-    ap.add_argument("--out", required=True)
+    ap.add_argument("--out")
+    ap.add_argument("--write-tuned", default=None, help="merge the fastest K-major configs into this tuned table")
+    ap.add_argument("--from-json", default=None, help="take the timings from this earlier --out (no GPU needed)")
     args = ap.parse_args()
+    if args.from_json:
+        if not args.write_tuned:
+            raise SystemExit("--from-json only feeds --write-tuned")
+        with open(args.from_json) as f:
+            write_tuned(json.load(f), args.write_tuned)
+        return
+    if not args.out:
+        raise SystemExit("--out is required when timing")
     rows = [int(r) for r in args.rows.split(",")]
     models = args.models.split(",")
     start = time.monotonic()
@@ -122,6 +164,8 @@ def main() -> None:
         del ws, dense
         torch.cuda.empty_cache()
     print("wrote", args.out)
+    if args.write_tuned:
+        write_tuned(report, args.write_tuned)
 
 
 if __name__ == "__main__":

@@ -20,8 +20,8 @@ half-precision number 1024 + v (128 + v), exact; the offset comes off with the z
 (sum_k x from a [rows, 128] load of the tile's x for G >= 128, else a dot with ones). On sm_90 the nibbles come
 out of a small PTX block, about one instruction a value, in the MMA operand's own registers: Triton loads the
 words through shared memory (cp.async, pipelined) straight into that layout. Above MMA_MAX_ROWS rows the weight is
-dequantized once and multiplied by cuBLAS. Zero points and scales keep the natural layout (qzeros [K/G, N/8], scales [K/G, N]). K % 128 == 0; G a power of two
->= 32 (it divides 128 or 128 divides it). Activations fp16 or bf16 (fp32 has no 16-bit magic number).
+dequantized once and multiplied by cuBLAS. Zero points and scales keep the natural layout (qzeros [K/G, N/8],
+scales [K/G, N]). K % 128 == 0; G a power of two >= 32 (it divides 128 or 128 divides it). Activations fp16 or bf16 (fp32 has no 16-bit magic number).
 """
 
 from __future__ import annotations
@@ -46,7 +46,9 @@ TILE_K = KMAJOR_TILE  # rows of K a loaded block of words covers: 16 word rows x
 # (BLOCK_N, BLOCK_M, SPLIT_K, num_warps, num_stages); SPLIT_K 0: split_k picks it from the shape
 MMA_CONFIGS = [(128, 16, 0, 4, 3), (64, 16, 0, 4, 3), (256, 16, 0, 8, 3), (256, 16, 0, 4, 3), (128, 16, 0, 4, 4),
                (128, 16, 4, 4, 3), (128, 16, 8, 4, 3), (128, 64, 0, 8, 3), (64, 64, 0, 4, 3), (128, 128, 0, 8, 3)]
-MMA_MAX_ROWS = 256  # above this many rows the weight is dequantized once and multiplied by cuBLAS ("dequant")
+# above this many rows the weight is dequantized once and multiplied by cuBLAS ("dequant"): on the H200 (run 29)
+# 16-row tiles over the rows beat the taller tiles at 64 rows and dequant + cuBLAS wins from ~80 rows
+MMA_MAX_ROWS = 64
 _MAGIC = {torch.float16: (0x6400, 1024), torch.bfloat16: (0x4300, 128)}
 
 
@@ -302,12 +304,8 @@ def _awq_mma_natural_kernel(
 
 
 def default_mma_config(m: int) -> tuple:
-    """The config for m rows: the 16-row tile up to 16, taller tiles up to MMA_MAX_ROWS, then dequant + cuBLAS."""
-    if m <= 16:
-        return MMA_CONFIGS[0]
-    if m <= 64:
-        return (128, 64, 0, 8, 3)
-    return (128, 128, 0, 8, 3) if m <= MMA_MAX_ROWS else ("dequant",)
+    """The config for m rows where no tuned one is known: 16-row tiles up to MMA_MAX_ROWS, then dequant + cuBLAS."""
+    return MMA_CONFIGS[0] if m <= MMA_MAX_ROWS else ("dequant",)
 
 
 def _asm(device: torch.device) -> bool:

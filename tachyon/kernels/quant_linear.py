@@ -32,6 +32,7 @@ import triton
 import triton.language as tl
 
 from tachyon.kernels import pdl
+from tachyon.kernels.awq_mma import awq_mma_linear, awq_mma_natural, default_mma_config
 from tachyon.kernels.quant_ref import (  # noqa: F401  (the layouts and references live beside, Triton-free)
     awq_linear_ref,
     check_awq_args,
@@ -91,6 +92,7 @@ GEMV_PROGRAMS_PER_SM = 4  # the one-row INT4 walk splits K until it has this man
 MAX_FEW_ROWS = 4  # up to this many rows the one-row walks (a program per row, the weight shared in L2) compete
 MAX_SKINNY_ROWS = 16  # up to this many rows a linear layer is bandwidth-bound
 MAX_GEMM_ROWS = 512  # above this many rows (a prefill) dequantizing the whole weight for cuBLAS is cheap
+MMA_MAX_ROWS_TUNED = 64  # a K-major "gemm" bucket entry (measured at 64 rows) serves up to this many rows
 _MAGIC = tl.constexpr(0x4B000000)  # the bits of the float 2**23: OR-ing in v < 2**23 gives the float 2**23 + v
 
 
@@ -636,6 +638,27 @@ def _launch_awq_gemv(x, qweight, qzeros, scales, group_size: int, bias, y, cfg: 
     return y
 
 
+def awq_kmajor_linear(x: torch.Tensor, qweight_k: torch.Tensor, qzeros: torch.Tensor, scales: torch.Tensor,
+                      group_size: int, bias: torch.Tensor | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
+    """awq_linear for a K-major qweight (kernels/awq_mma.py, AWQLinear.use_kmajor): this GPU's tuned config for the
+    shape and row bucket ("awq_kmajor" in its table, from benchmarks/awq_mma.py --write-tuned), else
+    default_mma_config's."""
+    cfg = kmajor_config(x.shape[0], qweight_k.shape[1], qweight_k.shape[0] * 8, group_size, x.device)
+    return awq_mma_linear(x, qweight_k, qzeros, scales, group_size, bias, cfg, out)
+
+
+def kmajor_config(m: int, n: int, k: int, group_size: int, device: torch.device) -> tuple:
+    """The K-major kernels' config for m rows of an [N, K] layer: the tuned one, else default_mma_config's (a tuned
+    tile config serves up to MMA_MAX_ROWS_TUNED rows; above, dequant + cuBLAS)."""
+    cfg = None
+    if device.type == "cuda":
+        cfg = _device_table(device.index or 0).get("awq_kmajor", {}).get(row_bucket(m), {}).get(
+            tuned_key(n, k, group_size))
+    if cfg is None or (cfg[0] != "dequant" and m > MMA_MAX_ROWS_TUNED):
+        cfg = default_mma_config(m)
+    return cfg
+
+
 def awq_dequantize(qweight: torch.Tensor, qzeros: torch.Tensor, scales: torch.Tensor, group_size: int,
                    config: tuple = _DEQUANT[0]) -> torch.Tensor:
     """The INT4 weight as a dense [K, N] tensor in scales' dtype: (q - z) * s, on the GPU in one pass."""
@@ -701,8 +724,6 @@ def awq_linear(x: torch.Tensor, qweight: torch.Tensor, qzeros: torch.Tensor, sca
     cfg = config if config is not None else default_config("awq", x.shape[0], n, k, x.device, group_size)
     if cfg[0] == "mma":
         if k % 128 == 0 and x.dtype in (torch.float16, torch.bfloat16):
-            from tachyon.kernels.awq_mma import awq_mma_natural
-
             return awq_mma_natural(x, qweight, qzeros, scales, group_size, bias, cfg[1:], y)
         cfg = AWQ_CONFIGS[row_bucket(x.shape[0])][0]  # a shape or dtype it cannot run
     groups = k // group_size

@@ -276,9 +276,9 @@ class AWQLinear(QuantLinear):
         G = self.quant.group_size
         if self.kmajor:
             if x.is_cuda:
-                from tachyon.kernels.awq_mma import awq_mma_linear
+                from tachyon.kernels.quant_linear import awq_kmajor_linear
 
-                return awq_mma_linear(x, self.qweight, self.qzeros, self.scales, G, self.bias)
+                return awq_kmajor_linear(x, self.qweight, self.qzeros, self.scales, G, self.bias)
             return awq_kmajor_ref(x, self.qweight, self.qzeros, self.scales, G, self.bias)
         if x.is_cuda:
             from tachyon.kernels.quant_linear import awq_linear

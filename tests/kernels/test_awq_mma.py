@@ -147,3 +147,20 @@ def test_awq_linear_runs_an_mma_config_and_falls_back_where_it_cannot(device, re
     for xx, k in ((x.float(), 256), (x[:, :192].float(), 192)):
         ref = awq_linear_ref(xx, qw[:k], qz[: k // 64], s[: k // 64].float(), 64)
         assert rel_err(awq_linear(xx, qw[:k], qz[: k // 64], s[: k // 64].float(), 64, config=mma), ref) <= 1e-5
+
+
+def test_kmajor_linear_takes_the_tuned_config_within_its_rows(device, rel_err, monkeypatch):
+    from tachyon.kernels import quant_linear as ql
+
+    key = ql.tuned_key(64, 256, 64)
+    table = {"awq_kmajor": {"skinny": {key: (64, 16, 2, 4, 2)}, "gemm": {key: (128, 16, 4, 4, 3)}}}
+    monkeypatch.setattr(ql, "_device_table", lambda index: table)
+    cuda = torch.device("cuda", 0)
+    assert ql.kmajor_config(9, 64, 256, 64, cuda) == (64, 16, 2, 4, 2)
+    assert ql.kmajor_config(40, 64, 256, 64, cuda) == (128, 16, 4, 4, 3)
+    assert ql.kmajor_config(100, 64, 256, 64, cuda) == ("dequant",)  # past the rows a tile entry serves
+    assert ql.kmajor_config(9, 64, 512, 64, cuda) == MMA_CONFIGS[0]  # another shape: the default
+    assert ql.kmajor_config(9, 64, 256, 64, torch.device("cpu")) == MMA_CONFIGS[0]
+    x, qw, qz, s, b = _case(256, 64, 64, 3, torch.float16, device, bias=True)
+    ref = awq_linear_ref(x, qw, qz, s, 64, b)
+    assert rel_err(ql.awq_kmajor_linear(x, pack_int4_kmajor(qw), qz, s, 64, b), ref) <= 2e-3
