@@ -48,6 +48,22 @@ from tachyon.kernels.quant_linear import (  # noqa: E402
 )
 
 
+def time_configs(fn, configs: list, ws: list, ref: torch.Tensor, over_budget) -> dict:
+    """{str(config): rel_err and ms (or the error)} for fn(config, weight copy); past the budget only the first."""
+    out = {}
+    for cfg in configs:
+        if over_budget() and out:
+            break
+        try:
+            entry = {"rel_err": rel_errs(fn(cfg, ws[0]), ref)[0]}
+            if entry["rel_err"] <= 2e-2:
+                entry["ms"] = graph_ms(lambda w, cfg=cfg: fn(cfg, w), ws)
+        except Exception as e:  # a config that does not compile on this GPU: say so, go on
+            entry = {"error": repr(e)[:300]}
+        out[str(cfg)] = entry
+    return out
+
+
 def write_tuned(report: dict, path: str) -> None:
     """The fastest K-major config of each timed (M, layer) under "awq_kmajor" -> bucket -> "NxKgG" in path."""
     try:
@@ -113,37 +129,19 @@ def main() -> None:
             row["today"] = {"config": str(today), "rel_err": rel_errs(awq_linear(x, q, z, s, GROUP), ref)[0]}
             row["today"]["ms"] = graph_ms(lambda w, x=x, y=y: awq_linear(x, w[0], w[1], w[2], GROUP, out=y), ws)
             row["cublas_bf16_ms"] = graph_ms(lambda w, x=x, y=y: torch.mm(x, w.t(), out=y), dense)
-            cfgs = {}
-            for cfg in MMA_CONFIGS:
-                if cfg[1] > max(16, triton.next_power_of_2(m)) and cfg is not MMA_CONFIGS[0]:
-                    continue  # taller tiles than the rows need: the same kernel as a shorter one
-                if time.monotonic() - start > args.budget_s and cfgs:
-                    break
-                try:
-                    err = rel_errs(awq_mma_linear(x, qk, z, s, GROUP, config=cfg), ref)[0]
-                    entry = {"rel_err": err}
-                    if err <= 2e-2:
-                        entry["ms"] = graph_ms(
-                            lambda w, x=x, y=y, cfg=cfg: awq_mma_linear(x, w[3], w[1], w[2], GROUP, config=cfg,
-                                                                          out=y), ws)
-                except Exception as e:  # a config that does not compile on this GPU: say so, go on
-                    entry = {"error": repr(e)[:300]}
-                cfgs[str(cfg)] = entry
+
+            def kmajor(cfg, w, x=x, y=y):
+                return awq_mma_linear(x, w[3], w[1], w[2], GROUP, config=cfg, out=y)
+
+            def natural(cfg, w, x=x, y=y):
+                return awq_mma_natural(x, w[0], w[1], w[2], GROUP, config=cfg, out=y)
+
+            tall = max(16, triton.next_power_of_2(m))  # taller tiles than the rows need: a shorter one's kernel
+            cfgs = time_configs(kmajor, [c for c in MMA_CONFIGS if c[1] <= tall or c is MMA_CONFIGS[0]], ws, ref,
+                                lambda: time.monotonic() - start > args.budget_s)
             row["mma"] = cfgs
-            nat = {}
-            for cfg in NATURAL_CONFIGS if m <= 16 else []:
-                if time.monotonic() - start > args.budget_s and nat:
-                    break
-                try:
-                    err = rel_errs(awq_mma_natural(x, q, z, s, GROUP, config=cfg), ref)[0]
-                    entry = {"rel_err": err}
-                    if err <= 2e-2:
-                        entry["ms"] = graph_ms(
-                            lambda w, x=x, y=y, cfg=cfg: awq_mma_natural(x, w[0], w[1], w[2], GROUP, config=cfg,
-                                                                           out=y), ws)
-                except Exception as e:
-                    entry = {"error": repr(e)[:300]}
-                nat[str(cfg)] = entry
+            nat = time_configs(natural, NATURAL_CONFIGS if m <= 16 else [], ws, ref,
+                               lambda: time.monotonic() - start > args.budget_s)
             row["natural"] = nat
             for key, table in (("mma_best", cfgs), ("natural_best", nat)):
                 timed = {c: v["ms"] for c, v in table.items() if "ms" in v}

@@ -64,29 +64,39 @@ def _case(k, n, g, m, dtype, device, bias, seed=0):
     return x, qw, qz, s, b
 
 
+def _kmajor(x, qw, qz, s, g, b=None, config=None, out=None):
+    return awq_mma_linear(x, pack_int4_kmajor(qw), qz, s, g, b, config=config, out=out)
+
+
+# kernel, the configs the CPU runs (the default, K splits with fp32 partials, taller row tiles), every candidate
+KERNELS = {"kmajor": (_kmajor, [None, (64, 16, 2, 4, 2), (32, 32, 4, 4, 2)], MMA_CONFIGS),
+           "natural": (awq_mma_natural, [(16, 16, 1, 4, 2), (16, 32, 2, 4, 2)], NATURAL_CONFIGS)}
+
+
+@pytest.mark.parametrize("kind", sorted(KERNELS))
 @pytest.mark.parametrize("g", [32, 64, 128, 256])
-@pytest.mark.parametrize("m", [1, 5, 16, 20])
-def test_awq_mma_matches_reference(half, device, rel_err, g, m):
-    k, n = 512, 72  # N not a multiple of BLOCK_N: the last tile is masked
-    x, qw, qz, s, b = _case(k, n, g, m, half, device, bias=m == 5, seed=g + m)
+@pytest.mark.parametrize("m", [1, 5, 20])
+def test_mma_kernels_match_the_reference(half, device, rel_err, kind, g, m):
+    k, n = 512, 136  # 17 packed columns, N not a multiple of any column tile: the last tile is masked
+    fn, configs, _ = KERNELS[kind]
+    x, qw, qz, s, b = _case(k, n, g, m, half, device, bias=m == 5, seed=3 * g + m)
     ref = awq_linear_ref(x, qw, qz, s, g, b)
-    qk = pack_int4_kmajor(qw)
-    for cfg in [None, (64, 16, 2, 4, 2), (32, 32, 4, 4, 2)]:  # the default, K split 2 and 4 (with partials)
+    for cfg in configs:
         out = torch.full((m, n), float("nan"), dtype=half, device=device)
-        assert awq_mma_linear(x, qk, qz, s, g, b, config=cfg, out=out) is out
+        assert fn(x, qw, qz, s, g, b, config=cfg, out=out) is out
         assert rel_err(out, ref) <= TOL[half], cfg
 
 
-def test_awq_mma_every_config_on_the_gpu(device, rel_err):
+@pytest.mark.parametrize("kind", sorted(KERNELS))
+def test_mma_kernels_every_config_on_the_gpu(device, rel_err, kind):
     if device != "cuda":
         pytest.skip("every config's compile: a GPU run")
-    k, n, g = 1024, 256, 128
+    fn, _, configs = KERNELS[kind]
     for m in (1, 64):
-        x, qw, qz, s, _ = _case(k, n, g, m, torch.bfloat16, device, bias=False, seed=m)
-        ref = awq_linear_ref(x, qw, qz, s, g)
-        qk = pack_int4_kmajor(qw)
-        for cfg in MMA_CONFIGS:
-            assert rel_err(awq_mma_linear(x, qk, qz, s, g, config=cfg), ref) <= TOL[torch.bfloat16], (m, cfg)
+        x, qw, qz, s, _ = _case(1024, 1024, 128, m, torch.bfloat16, device, bias=False, seed=m)
+        ref = awq_linear_ref(x, qw, qz, s, 128)
+        for cfg in configs:
+            assert rel_err(fn(x, qw, qz, s, 128, config=cfg), ref) <= TOL[torch.bfloat16], (m, cfg)
 
 
 def test_awq_mma_rejects_what_it_cannot_run(device):
@@ -111,29 +121,6 @@ def test_reference_and_dequant_path_match_the_natural_layout(half, device, rel_e
     w = dequantize_kmajor(qk, qz, s, 64, block_n=32)
     assert w.dtype == half and w.shape == (256, 48)
     assert rel_err(w, dequantize_kmajor_ref(qk, qz, s, 64)) <= TOL[half]
-
-
-@pytest.mark.parametrize("g", [32, 64, 128])
-@pytest.mark.parametrize("m", [1, 5, 20])
-def test_natural_layout_mma_matches_reference(half, device, rel_err, g, m):
-    k, n = 256, 136  # 17 packed columns: the last column tile is masked
-    x, qw, qz, s, b = _case(k, n, g, m, half, device, bias=m == 5, seed=3 * g + m)
-    ref = awq_linear_ref(x, qw, qz, s, g, b)
-    for cfg in [(16, 16, 1, 4, 2), (16, 32, 2, 4, 2)]:  # no split; K split 2 with 32-row tiles
-        out = torch.full((m, n), float("nan"), dtype=half, device=device)
-        assert awq_mma_natural(x, qw, qz, s, g, b, config=cfg, out=out) is out
-        assert rel_err(out, ref) <= TOL[half], cfg
-
-
-def test_natural_layout_every_config_on_the_gpu(device, rel_err):
-    if device != "cuda":
-        pytest.skip("every config's compile: a GPU run")
-    k, n, g = 1024, 1024, 128
-    for m in (1, 64):
-        x, qw, qz, s, _ = _case(k, n, g, m, torch.bfloat16, device, bias=False, seed=m)
-        ref = awq_linear_ref(x, qw, qz, s, g)
-        for cfg in NATURAL_CONFIGS:
-            assert rel_err(awq_mma_natural(x, qw, qz, s, g, config=cfg), ref) <= TOL[torch.bfloat16], (m, cfg)
 
 
 def test_awq_linear_runs_an_mma_config_and_falls_back_where_it_cannot(device, rel_err):
