@@ -1,6 +1,8 @@
-"""INT4 (W4A16) on tensor cores for 1-256 rows, from a K-major packing (quant_ref.pack_int4_kmajor). Opt-in
-(TACHYON_AWQ_MMA=1 repacks every AWQ layer whose K is a multiple of 128, layers/linear.repack_awq_kmajor) until
-benchmarks/awq_mma.py and an end-to-end run on a GPU have measured it against quant_linear.py's kernels.
+"""INT4 (W4A16) on tensor cores for 1-64 rows, from a K-major packing (quant_ref.pack_int4_kmajor), and the same
+product on the natural layout (`_awq_mma_natural_kernel`, the "mma" kind of quant_linear.awq_linear). The K-major
+path is opt-in (TACHYON_AWQ_MMA=1 repacks every AWQ layer whose K is a multiple of 128,
+layers/linear.repack_awq_kmajor): on the H200 it is ~2x quant_linear's kernels at 2-16 rows and within 4% of the
+one-row walk at one row (benchmarks/results/h200/issue14/run29_mma), not yet run end to end with its tuned table.
 
 Why another layout. The natural/AWQ packing holds 8 *columns* in a word, so a dot tile needs the nibbles spread
 into 8 columns (a reshape), and Triton moves the dequantized tile through shared memory to the MMA's operand
@@ -21,7 +23,8 @@ half-precision number 1024 + v (128 + v), exact; the offset comes off with the z
 out of a small PTX block, about one instruction a value, in the MMA operand's own registers: Triton loads the
 words through shared memory (cp.async, pipelined) straight into that layout. Above MMA_MAX_ROWS rows the weight is
 dequantized once and multiplied by cuBLAS. Zero points and scales keep the natural layout (qzeros [K/G, N/8],
-scales [K/G, N]). K % 128 == 0; G a power of two >= 32 (it divides 128 or 128 divides it). Activations fp16 or bf16 (fp32 has no 16-bit magic number).
+scales [K/G, N]). K % 128 == 0; G a power of two >= 32 (it divides 128 or 128 divides it). Activations fp16 or
+bf16 (fp32 has no 16-bit magic number).
 """
 
 from __future__ import annotations
@@ -84,13 +87,14 @@ def dequantize_kmajor(qweight_k: torch.Tensor, qzeros: torch.Tensor, scales: tor
     return w
 
 
-# Nibble J of two words -> two halves (q - z) in one register, for the MMA's A operand (which holds elements k,
+# Nibble J of two words -> two halves off + q in one register, for the MMA's A operand (which holds elements k,
 # k + 1 of a row in one register: Triton hands such a pair to one asm block). PRMT takes the low (J < 4) or high
 # 16 bits of each word side by side, SHR brings nibble J % 4 of both to bits 0 and 16, LOP3 keeps them under the
-# magic number's bits ((t & 0x000F000F) | magic: two halves off + v), one FMA adds -(off + z) (exact: small
-# integers). About one instruction a value: the PRMT is shared by the four J of a half, the SHR of J % 4 == 0 is
-# free. Operands (pack 2): $0 the result; $1 $2 the two words, $3 the two -(off + z), $4 PRMT's selector,
-# $6 the shift ($5, $7 their copies). On Hopper; the interpreter takes the plain-Triton path.
+# magic number's bits ((t & 0x000F000F) | magic). About one instruction a value: the PRMT is shared by the four J of
+# a half, the SHR of J % 4 == 0 is free. Operands (pack 2): $0 the result; $1 $2 the two words, $3 PRMT's selector,
+# $5 the shift ($4, $6 their copies). Anything per row in this chain (a zero point) stops Triton from loading the
+# words straight into the operand's registers (checked on the compiled IR), hence the offset and zero in fp32 after.
+# On Hopper; the interpreter takes the plain-Triton path.
 _NIBBLE_ASM_BF16 = tl.constexpr("""{
 .reg .b32 t;
 prmt.b32 t, $1, $2, $3;
@@ -309,7 +313,7 @@ def default_mma_config(m: int) -> tuple:
 
 
 def _asm(device: torch.device) -> bool:
-    """The PTX nibble path: compiled kernels on sm_90+ (sub/fma on bf16x2 pairs; the interpreter runs no PTX)."""
+    """The PTX nibble path: compiled kernels on sm_90+ (measured there; the interpreter runs no PTX)."""
     return device.type == "cuda" and torch.cuda.get_device_capability(device)[0] >= 9
 
 

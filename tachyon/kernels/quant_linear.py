@@ -15,7 +15,9 @@ Kernels per format; the config (and the row bucket's list of them) picks one:
 - BLOCK_M 16 and larger (the skinny and GEMM tiles): the weight tile is dequantized in registers to x's dtype and
   fed to tl.dot with fp32 accumulation. INT8 applies its scale after the K loop; an INT4 tile never crosses a group
   (BLOCK_K divides G), so it has one scale and zero row;
-- "dequant" (INT4, default above 512 rows): the whole weight dequantized to x's dtype, then cuBLAS.
+- "dequant" (INT4, default above 512 rows): the whole weight dequantized to x's dtype, then cuBLAS;
+- "mma" (INT4, 1-16 rows, where a tuned table picks it): the tensor-core product of kernels/awq_mma.py on this
+  layout; `awq_kmajor_linear` runs the same kernels on a K-major repacked weight (TACHYON_AWQ_MMA=1).
 Up to 16 rows the time is the weight's bytes over the memory bandwidth: INT4 K*N/2 + (K/G)*N*(scale bytes + 1/2),
 INT8 K*N + N*(scale bytes). Where the (M, N) tiles are too few to fill the GPU, K is split over SPLIT_K programs
 that write fp32 partials to a workspace, and a second kernel sums them in a fixed order (deterministic).
@@ -142,8 +144,6 @@ def row_bucket(m: int) -> str:
     if m <= MAX_SKINNY_ROWS:
         return "skinny"
     return "gemm" if m <= MAX_GEMM_ROWS else "prefill"
-
-
 
 
 # ---------------------------------------------------------------------------------------------------------------
