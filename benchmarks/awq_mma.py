@@ -8,9 +8,9 @@ llama3-8b's layers.
 
 Per (layer, M): the relative error of each kernel against awq_linear_ref (bf16), then GPU ms per call (a CUDA
 graph over weight copies adding up to > 256 MB, so nothing is served from L2; median of 10 replays) and GB/s of
-the weight's bytes (K*N/2 + zeros + bf16 scales). Every MMA_CONFIGS entry (K-major) and, up to 16 rows, every
-NATURAL_CONFIGS entry is timed while the budget lasts; the best of each is reported beside today's kernel. A config
-further than 2e-2 from the reference is not timed.
+the weight's bytes (K*N/2 + zeros + bf16 scales). Every K-major MMA_CONFIGS entry (and up to 4 rows every
+WALK_CONFIGS entry) and, up to 16 rows, every NATURAL_CONFIGS entry is timed while the budget lasts; the best of
+each is reported beside today's kernel. A config further than 2e-2 from the reference is not timed.
 
 --write-tuned merges the fastest K-major config per (row bucket of the timed M, layer shape) into the GPU's tuned
 table under "awq_kmajor" (what quant_linear.kmajor_config reads when TACHYON_AWQ_MMA=1 repacked the layers).
@@ -35,6 +35,8 @@ from quant_kernels import DEV, GROUP, L2_DEFEAT_BYTES, SHAPES, graph_ms, rel_err
 from tachyon.kernels.awq_mma import (  # noqa: E402
     MMA_CONFIGS,
     NATURAL_CONFIGS,
+    WALK_CONFIGS,
+    WALK_MAX_ROWS,
     awq_mma_linear,
     awq_mma_natural,
     pack_int4_kmajor,
@@ -137,8 +139,9 @@ def main() -> None:
                 return awq_mma_natural(x, w[0], w[1], w[2], GROUP, config=cfg, out=y)
 
             tall = max(16, triton.next_power_of_2(m))  # taller tiles than the rows need: a shorter one's kernel
-            cfgs = time_configs(kmajor, [c for c in MMA_CONFIGS if c[1] <= tall or c is MMA_CONFIGS[0]], ws, ref,
-                                lambda: time.monotonic() - start > args.budget_s)
+            walks = WALK_CONFIGS if m <= WALK_MAX_ROWS else []
+            cfgs = time_configs(kmajor, [c for c in MMA_CONFIGS if c[1] <= tall or c is MMA_CONFIGS[0]] + walks, ws,
+                                ref, lambda: time.monotonic() - start > args.budget_s)
             row["mma"] = cfgs
             nat = time_configs(natural, NATURAL_CONFIGS if m <= 16 else [], ws, ref,
                                lambda: time.monotonic() - start > args.budget_s)

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Issue 14, the K-major INT4 path end to end with the per-layer table of run 29 (quant_tuned/<GPU>.json "awq_kmajor"):
 #   1. the GPU tests of tachyon/kernels/awq_mma.py (run 29 cut them at 70 s after 29 passed)
+#   1b. benchmarks/awq_mma.py at 1/2/4/16 rows (the K-major one-row walk "walk" is new: never timed) -> the table's
+#      "awq_kmajor" entries (returned as tuned_<GPU>.json)
 #   2. TACHYON_AWQ_MMA=1 llama3-70b AWQ `single` and `sweep` 1/16/64/256 (512 in / 128 out; vLLM awq_marlin:
 #      48.3 tok/s, 46 / 478 / 838 / 1,027)
 #   3. with the time left, the seeds' pairing again on the K-major target: 70B AWQ + 8B draft, acceptance ~0.8/~0.5
@@ -12,6 +14,10 @@ END=${END_S:-570}
 . benchmarks/gpu_lib.sh
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader > "$OUT/gpu.txt"; cat "$OUT/gpu.txt"
 gpu_tests ${TEST_S:-100} tests/kernels/test_awq_mma.py
+TUNED=tachyon/kernels/quant_tuned/$(python -c "import torch; print(torch.cuda.get_device_name().replace(' ', '_'))").json
+timeout ${BENCH_S:-110} python benchmarks/awq_mma.py --models llama3-70b --rows 1,2,4,16 --budget-s 80 \
+  --out "$OUT/awq_mma.json" --write-tuned "$TUNED" > "$OUT/awq_mma.log" 2>&1
+echo "awq_mma rc=$?"; grep -E "M=|Error" "$OUT/awq_mma.log" | cut -c1-300 | head -16; cp "$TUNED" "$OUT/tuned_$(basename "$TUNED")"
 export TACHYON_AWQ_MMA=1
 timeout $((END - SECONDS - 200)) python benchmarks/gpu_run.py perf --model llama3-70b --quantization awq --lean-single \
   --workloads single,sweep --sweep-concurrency 1,16,64,256 --sweep-out 128 --out "$OUT/perf_70b_awq_kmajor.json" \

@@ -307,6 +307,72 @@ def _awq_mma_natural_kernel(
     _nat_store(out_rows, acc7, offs_p, mask_p, mask_m, b_ptr, HAS_BIAS, 7)
 
 
+@triton.jit
+def _walk_slice(q, xj, xsum, magic, J: tl.constexpr):
+    """sum_i v_J[n, i] x_J[i] for every column n: nibble J of the [BLOCK_N, 16] words (rows 16J.. of the tile)."""
+    if J < 2:
+        src = q << 12
+    elif J < 4:
+        src = q << 4
+    elif J < 6:
+        src = q >> 4
+    else:
+        src = q >> 12
+    B: tl.constexpr = 12 + 4 * (J % 2)  # where the nibble now sits (the shifts serve two nibbles each)
+    f = ((src & (0xF << B)) | magic).to(tl.float32, bitcast=True)  # 2**23 + v 2**B
+    return tl.sum(f * xj[None, :], axis=1) * (1.0 / (1 << B)) - xsum * (1 << (23 - B))
+
+
+@triton.jit
+def _kmajor_walk_kernel(
+    x_ptr, qw_ptr, qz_ptr, s_ptr, b_ptr, out_ptr,
+    N, N8, K, K_SPLIT, stride_xm, stride_om, stride_os, magic,
+    GROUP: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr, VEC: tl.constexpr, PDL: tl.constexpr = False,
+):
+    """The one-row FMA walk on the K-major layout (a program per row, pid 0): BLOCK_N = VEC x 32 x num_warps columns
+    along the lanes, a [BLOCK_N, 16] block of words a 128-row tile, its 16 rows inside each thread, so the sum over
+    K stays in the thread. Nibble j of the block is rows 16j..16j+15 of the tile for every column: one SHF shared by
+    two nibbles and one LOP3 put it under 2**23's exponent bits at bit b (12 or 16), the float 2**23 + v 2**b, one FFMA
+    a value; the 2**23 x the slice's sum of x comes off per slice, the zero point and scale per group."""
+    pdl.enter(PDL)
+    pid_m, pid_n, pid_k = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    E: tl.constexpr = min(GROUP, 128) // 16
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_n = tl.max_contiguous(tl.multiple_of(offs_n, VEC), VEC)
+    mask_n = offs_n < N
+    offs_i = tl.arange(0, 16)
+    q_ptrs = qw_ptr + offs_i.to(tl.int64)[None, :] * N + offs_n[:, None]  # [BLOCK_N, 16]
+    x_row = x_ptr + pid_m.to(tl.int64) * stride_xm
+    zero_shift = (offs_n % 8) * 4
+    k_start = pid_k * K_SPLIT
+    k_end = tl.minimum(k_start + K_SPLIT, K)
+    acc = tl.zeros((BLOCK_N,), dtype=tl.float32)
+    q_ptrs += (k_start // 8).to(tl.int64) * N
+    for k0 in range(k_start, k_end, 128):
+        q = tl.load(q_ptrs, mask=mask_n[:, None], other=0).to(tl.uint32, bitcast=True)
+        q_ptrs += 16 * N
+        for j in tl.static_range(8):
+            xj = tl.load(x_row + k0 + 16 * j + offs_i).to(tl.float32)  # [16], the same for every column
+            xsum = tl.sum(xj, axis=0)
+            dot = _walk_slice(q, xj, xsum, magic, j)
+            if j % E == 0:
+                part = dot
+                xs = xsum
+            else:
+                part += dot
+                xs += xsum
+            if (j + 1) % E == 0:
+                g = (k0 + 16 * (j + 1 - E)) // GROUP
+                zw = tl.load(qz_ptr + g * N8 + offs_n // 8, mask=mask_n, other=0)
+                z = ((zw >> zero_shift) & 0xF).to(tl.float32)
+                s = tl.load(s_ptr + g * N + offs_n, mask=mask_n, other=0.0).to(tl.float32)
+                acc += s * (part - z * xs)
+    if HAS_BIAS:
+        acc += tl.load(b_ptr + offs_n, mask=mask_n, other=0.0).to(tl.float32)
+    y = out_ptr + pid_k.to(tl.int64) * stride_os + pid_m.to(tl.int64) * stride_om + offs_n
+    tl.store(y, acc.to(out_ptr.dtype.element_ty), mask=mask_n)
+
+
 def default_mma_config(m: int) -> tuple:
     """The config for m rows where no tuned one is known: 16-row tiles up to MMA_MAX_ROWS, then dequant + cuBLAS."""
     return MMA_CONFIGS[0] if m <= MMA_MAX_ROWS else ("dequant",)
@@ -317,11 +383,43 @@ def _asm(device: torch.device) -> bool:
     return device.type == "cuda" and torch.cuda.get_device_capability(device)[0] >= 9
 
 
+# ("walk", BLOCK_N, num_warps, SPLIT_K): the one-row walk (a program per row), for 1-4 rows; SPLIT_K 0 picks it
+# (4 or 8 columns a thread: 3.4 or 3.2 SASS instructions a value in an offline sm_90 compile, no spills)
+WALK_CONFIGS = [("walk", 256, 2, 0), ("walk", 512, 4, 0), ("walk", 512, 2, 0), ("walk", 1024, 4, 0),
+                ("walk", 256, 2, 4), ("walk", 512, 2, 4), ("walk", 256, 2, 8), ("walk", 128, 1, 0)]
+WALK_MAX_ROWS = 4
+
+
+def _launch_walk(x, qweight_k, qzeros, scales, group_size: int, bias, y, config: tuple) -> torch.Tensor:
+    _, block_n, warps, split = config
+    m, k = x.shape
+    n = y.shape[1]
+    block_n = min(block_n, max(32 * warps, triton.next_power_of_2(n)))
+    vec = max(1, block_n // (32 * warps))
+    tiles, k_tiles = triton.cdiv(n, block_n), k // TILE_K
+    if split == 0:
+        groups = k // group_size
+        weight_bytes = k * n // 2 + groups * n // 2 + groups * n * scales.element_size()
+        split = split_k(tiles * m, k_tiles, m * n * 4, weight_bytes, 2 * num_sms(x.device))  # 4 programs an SM
+    k_split = triton.cdiv(k_tiles, max(1, min(split, k_tiles))) * TILE_K
+    split = triton.cdiv(k, k_split)
+    dst = y if split == 1 else torch.empty(split, m, n, dtype=torch.float32, device=x.device)
+    _kmajor_walk_kernel[(m, tiles, split)](
+        x, qweight_k, qzeros, scales, bias if bias is not None else y, dst, n, n // 8, k, k_split,
+        x.stride(0), n, m * n, 0x4B000000, GROUP=group_size, HAS_BIAS=bias is not None and split == 1,
+        BLOCK_N=block_n, VEC=vec, num_warps=warps, num_stages=1, **pdl.launch_args(),
+    )
+    if split > 1:
+        sum_splits(dst, bias, y)
+    return y
+
+
 def awq_mma_linear(x: torch.Tensor, qweight_k: torch.Tensor, qzeros: torch.Tensor, scales: torch.Tensor,
                    group_size: int, bias: torch.Tensor | None = None, config: tuple | None = None,
                    out: torch.Tensor | None = None) -> torch.Tensor:
     """x [M, K] @ w [K, N] (+ bias) -> [M, N] in x's dtype; w from the K-major qweight (pack_int4_kmajor) and the
-    natural qzeros/scales. config: an MMA_CONFIGS entry or ("dequant",); None takes default_mma_config's."""
+    natural qzeros/scales. config: an MMA_CONFIGS entry, a WALK_CONFIGS entry (up to WALK_MAX_ROWS rows) or
+    ("dequant",); None takes default_mma_config's."""
     n, k = check_awq_kmajor_args(x, qweight_k, qzeros, scales, group_size, bias, "awq_mma_linear")
     if x.dtype not in _MAGIC:
         raise TypeError(f"awq_mma_linear: x must be float16 or bfloat16, got {x.dtype} (awq_kmajor_ref takes fp32)")
@@ -337,6 +435,8 @@ def awq_mma_linear(x: torch.Tensor, qweight_k: torch.Tensor, qzeros: torch.Tenso
     if config[0] == "dequant":
         w = dequantize_kmajor(qweight_k, qzeros, scales, group_size)
         return torch.matmul(x, w, out=y) if bias is None else torch.addmm(bias, x, w, out=y)
+    if config[0] == "walk":
+        return _launch_walk(x, qweight_k, qzeros, scales, group_size, bias, y, config)
     block_n, block_m, split, warps, stages = config
     block_m = max(16, min(block_m, triton.next_power_of_2(m)))
     grid_n, grid_m, k_tiles = triton.cdiv(n, block_n), triton.cdiv(m, block_m), k // TILE_K
