@@ -43,7 +43,14 @@ from tachyon.kernels.quant_ref import (  # noqa: F401  (the K-major layout and i
     pack_int4_kmajor,
     unpack_int4_kmajor,
 )
-from tachyon.kernels.splits import num_sms, output_buffer, split_k, sum_splits
+from tachyon.kernels.splits import (
+    nibble_at_12_or_16,
+    num_sms,
+    output_buffer,
+    split_k,
+    store_eight_positions,
+    sum_splits,
+)
 
 TILE_K = KMAJOR_TILE  # rows of K a loaded block of words covers: 16 word rows x 8 nibbles
 # (BLOCK_N, BLOCK_M, SPLIT_K, num_warps, num_stages); SPLIT_K 0: split_k picks it from the shape
@@ -209,14 +216,6 @@ def _nat_epilogue(acc, part, zw, xs, s_row, offs_p, mask_p, J: tl.constexpr, OFF
 
 
 @triton.jit
-def _nat_store(out_rows, acc, offs_p, mask_p, mask_m, b_ptr, HAS_BIAS: tl.constexpr, J: tl.constexpr):
-    if HAS_BIAS:
-        acc += tl.load(b_ptr + offs_p * 8 + J, mask=mask_p, other=0.0).to(tl.float32)[:, None]
-    tl.store(out_rows + (offs_p * 8 + J)[:, None], acc.to(out_rows.dtype.element_ty),
-             mask=mask_p[:, None] & mask_m[None, :])
-
-
-@triton.jit
 def _awq_mma_natural_kernel(
     x_ptr, qw_ptr, qz_ptr, s_ptr, b_ptr, out_ptr,
     M, N, N8, K, K_SPLIT, stride_xm, stride_om, stride_os,
@@ -297,29 +296,15 @@ def _awq_mma_natural_kernel(
                 acc6 = _nat_epilogue(acc6, part6, zw, xs, s_row, offs_p, mask_p, 6, OFFSET)
                 acc7 = _nat_epilogue(acc7, part7, zw, xs, s_row, offs_p, mask_p, 7, OFFSET)
     out_rows = out_ptr + pid_k.to(tl.int64) * stride_os + offs_m.to(tl.int64)[None, :] * stride_om
-    _nat_store(out_rows, acc0, offs_p, mask_p, mask_m, b_ptr, HAS_BIAS, 0)
-    _nat_store(out_rows, acc1, offs_p, mask_p, mask_m, b_ptr, HAS_BIAS, 1)
-    _nat_store(out_rows, acc2, offs_p, mask_p, mask_m, b_ptr, HAS_BIAS, 2)
-    _nat_store(out_rows, acc3, offs_p, mask_p, mask_m, b_ptr, HAS_BIAS, 3)
-    _nat_store(out_rows, acc4, offs_p, mask_p, mask_m, b_ptr, HAS_BIAS, 4)
-    _nat_store(out_rows, acc5, offs_p, mask_p, mask_m, b_ptr, HAS_BIAS, 5)
-    _nat_store(out_rows, acc6, offs_p, mask_p, mask_m, b_ptr, HAS_BIAS, 6)
-    _nat_store(out_rows, acc7, offs_p, mask_p, mask_m, b_ptr, HAS_BIAS, 7)
+    store_eight_positions(out_rows, b_ptr, acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7, offs_p, mask_p, mask_m,
+                          HAS_BIAS)
 
 
 @triton.jit
 def _walk_slice(q, xj, xsum, magic, J: tl.constexpr):
     """sum_i v_J[n, i] x_J[i] for every column n: nibble J of the [BLOCK_N, 16] words (rows 16J.. of the tile)."""
-    if J < 2:
-        src = q << 12
-    elif J < 4:
-        src = q << 4
-    elif J < 6:
-        src = q >> 4
-    else:
-        src = q >> 12
     B: tl.constexpr = 12 + 4 * (J % 2)  # where the nibble now sits (the shifts serve two nibbles each)
-    f = ((src & (0xF << B)) | magic).to(tl.float32, bitcast=True)  # 2**23 + v 2**B
+    f = (nibble_at_12_or_16(q, J) | magic).to(tl.float32, bitcast=True)  # 2**23 + v 2**B
     return tl.sum(f * xj[None, :], axis=1) * (1.0 / (1 << B)) - xsum * (1 << (23 - B))
 
 

@@ -43,7 +43,14 @@ from tachyon.kernels.quant_ref import (  # noqa: F401  (the layouts and referenc
     pack_int4,
     unpack_int4,
 )
-from tachyon.kernels.splits import num_sms, output_buffer, split_k, sum_splits
+from tachyon.kernels.splits import (
+    nibble_at_12_or_16,
+    num_sms,
+    output_buffer,
+    split_k,
+    store_eight_positions,
+    sum_splits,
+)
 
 # (BLOCK_M, BLOCK_N, BLOCK_K, SPLIT_K, num_warps, num_stages[, late_reduce]) per row bucket; the first of each
 # list is the default. BLOCK_M 1 is the one-row FMA walk (one program per row); SPLIT_K 0 means `split_k` picks
@@ -325,7 +332,7 @@ def _nibble(q, magic, J: tl.constexpr, UNPACK: tl.constexpr):
     elif UNPACK == 1:
         f = (q & (0xF << (4 * J))).to(tl.float32)
     else:
-        f = (_nibble_at_12_or_16(q, J) | magic).to(tl.float32, bitcast=True)
+        f = (nibble_at_12_or_16(q, J) | magic).to(tl.float32, bitcast=True)
     return f
 
 
@@ -333,21 +340,6 @@ def _nibble(q, magic, J: tl.constexpr, UNPACK: tl.constexpr):
 def _nibble_dot(q, x, magic, J: tl.constexpr, UNPACK: tl.constexpr):
     """[P]: sum over a tile's BLOCK_K rows of `_nibble` times x [1, BLOCK_K] (one FFMA a value)."""
     return tl.sum(_nibble(q, magic, J, UNPACK) * x, axis=1)
-
-
-@triton.jit
-def _nibble_at_12_or_16(q, J: tl.constexpr):
-    """UNPACK 2: nibble J of q moved to bit 12 (J even) or 16 (J odd) of a word, the rest zero. Four shifts a word
-    (q << 12, q << 4, q >> 4, q >> 12 hold nibble pairs 0-1, 2-3, 4-5, 6-7 at bits 12..19), one LOP3 a value."""
-    if J < 2:
-        src = q << 12
-    elif J < 4:
-        src = q << 4
-    elif J < 6:
-        src = q >> 4
-    else:
-        src = q >> 12
-    return src & (0xF << (12 + 4 * (J % 2)))
 
 
 @triton.jit
@@ -465,13 +457,6 @@ def _awq_gemv_kernel(
 
 
 @triton.jit
-def _store_rows_col(out_rows, b_ptr, y, offs_p, mask_p, mask_r, HAS_BIAS: tl.constexpr, J: tl.constexpr):
-    if HAS_BIAS:
-        y += tl.load(b_ptr + offs_p * 8 + J, mask=mask_p, other=0.0).to(tl.float32)[:, None]
-    tl.store(out_rows + offs_p[:, None] * 8 + J, y.to(out_rows.dtype.element_ty), mask=mask_p[:, None] & mask_r[None, :])
-
-
-@triton.jit
 def _awq_gemv_rows_kernel(
     x_ptr, qw_ptr, qz_ptr, s_ptr, b_ptr, out_ptr,
     M, N, N8, K, K_SPLIT, stride_xm, stride_om, stride_os, magic,
@@ -520,14 +505,8 @@ def _awq_gemv_rows_kernel(
         acc6 += _rows_tile_term(q, x, xsum, zw, s_row, offs_p, mask_p, magic, 6, UNPACK)
         acc7 += _rows_tile_term(q, x, xsum, zw, s_row, offs_p, mask_p, magic, 7, UNPACK)
     out_rows = out_ptr + pid_k.to(tl.int64) * stride_os + offs_r.to(tl.int64)[None, :] * stride_om
-    _store_rows_col(out_rows, b_ptr, acc0, offs_p, mask_p, mask_r, HAS_BIAS, 0)
-    _store_rows_col(out_rows, b_ptr, acc1, offs_p, mask_p, mask_r, HAS_BIAS, 1)
-    _store_rows_col(out_rows, b_ptr, acc2, offs_p, mask_p, mask_r, HAS_BIAS, 2)
-    _store_rows_col(out_rows, b_ptr, acc3, offs_p, mask_p, mask_r, HAS_BIAS, 3)
-    _store_rows_col(out_rows, b_ptr, acc4, offs_p, mask_p, mask_r, HAS_BIAS, 4)
-    _store_rows_col(out_rows, b_ptr, acc5, offs_p, mask_p, mask_r, HAS_BIAS, 5)
-    _store_rows_col(out_rows, b_ptr, acc6, offs_p, mask_p, mask_r, HAS_BIAS, 6)
-    _store_rows_col(out_rows, b_ptr, acc7, offs_p, mask_p, mask_r, HAS_BIAS, 7)
+    store_eight_positions(out_rows, b_ptr, acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7, offs_p, mask_p, mask_r,
+                          HAS_BIAS)
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -1,5 +1,6 @@
-"""What the quantized linears' launchers share: the K-split decision, the fp32 partials' fixed-order sum, the
-output buffer check, the SM count (kernels/quant_linear.py, scaled_linear.py, awq_mma.py)."""
+"""What the quantized linears' kernels and launchers share: the K-split decision, the fp32 partials' fixed-order
+sum, the output buffer check, the SM count, the store of one nibble position's outputs, moving a nibble under a
+float's exponent bits (kernels/quant_linear.py, scaled_linear.py, awq_mma.py)."""
 
 from __future__ import annotations
 
@@ -61,3 +62,41 @@ def sum_splits(partials: torch.Tensor, bias, y: torch.Tensor) -> None:
         partials, bias if bias is not None else y, y, m * n, n, SPLIT_K=split, HAS_BIAS=bias is not None,
         BLOCK=block, num_warps=4, **pdl.launch_args(),
     )
+
+
+@triton.jit
+def store_word_columns(out_rows, b_ptr, y, offs_p, mask_p, mask_r, HAS_BIAS: tl.constexpr, J: tl.constexpr):
+    """Store y [P, R] as outputs 8p + J of rows out_rows [1, R] (+ bias): the accumulator of nibble position J of
+    the packed columns offs_p, in the kernels that keep one per position."""
+    if HAS_BIAS:
+        y += tl.load(b_ptr + offs_p * 8 + J, mask=mask_p, other=0.0).to(tl.float32)[:, None]
+    tl.store(out_rows + offs_p[:, None] * 8 + J, y.to(out_rows.dtype.element_ty), mask=mask_p[:, None] & mask_r[None, :])
+
+
+@triton.jit
+def store_eight_positions(out_rows, b_ptr, acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7, offs_p, mask_p, mask_r,
+                          HAS_BIAS: tl.constexpr):
+    """store_word_columns for the eight accumulators of a kernel that keeps one per nibble position."""
+    store_word_columns(out_rows, b_ptr, acc0, offs_p, mask_p, mask_r, HAS_BIAS, 0)
+    store_word_columns(out_rows, b_ptr, acc1, offs_p, mask_p, mask_r, HAS_BIAS, 1)
+    store_word_columns(out_rows, b_ptr, acc2, offs_p, mask_p, mask_r, HAS_BIAS, 2)
+    store_word_columns(out_rows, b_ptr, acc3, offs_p, mask_p, mask_r, HAS_BIAS, 3)
+    store_word_columns(out_rows, b_ptr, acc4, offs_p, mask_p, mask_r, HAS_BIAS, 4)
+    store_word_columns(out_rows, b_ptr, acc5, offs_p, mask_p, mask_r, HAS_BIAS, 5)
+    store_word_columns(out_rows, b_ptr, acc6, offs_p, mask_p, mask_r, HAS_BIAS, 6)
+    store_word_columns(out_rows, b_ptr, acc7, offs_p, mask_p, mask_r, HAS_BIAS, 7)
+
+
+@triton.jit
+def nibble_at_12_or_16(q, J: tl.constexpr):
+    """UNPACK 2: nibble J of q moved to bit 12 (J even) or 16 (J odd) of a word, the rest zero. Four shifts a word
+    (q << 12, q << 4, q >> 4, q >> 12 hold nibble pairs 0-1, 2-3, 4-5, 6-7 at bits 12..19), one LOP3 a value."""
+    if J < 2:
+        src = q << 12
+    elif J < 4:
+        src = q << 4
+    elif J < 6:
+        src = q >> 4
+    else:
+        src = q >> 12
+    return src & (0xF << (12 + 4 * (J % 2)))
