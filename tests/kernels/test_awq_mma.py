@@ -1,5 +1,6 @@
-"""The K-major INT4 tensor-core kernel (tachyon/kernels/awq_mma.py) against the natural layout's reference: the
-packing, every group-size case of its zero/scale epilogue, K splits, bias, rows below and above a tile."""
+"""The INT4 tensor-core kernels and the K-major walk (tachyon/kernels/awq_mma.py) against the natural layout's
+reference: the packing, every group-size case of their zero/scale epilogue, K splits, bias, rows below and above a
+tile, the dispatch from awq_linear and the tuned tables' entries."""
 
 import pytest
 import torch
@@ -8,6 +9,7 @@ from tachyon.kernels.awq_mma import (
     MMA_CONFIGS,
     NATURAL_CONFIGS,
     WALK_CONFIGS,
+    WALK_MAX_ROWS,
     awq_mma_linear,
     awq_mma_natural,
     default_mma_config,
@@ -155,3 +157,38 @@ def test_kmajor_linear_takes_the_tuned_config_within_its_rows(device, rel_err, m
     x, qw, qz, s, b = _case(256, 64, 64, 3, torch.float16, device, bias=True)
     ref = awq_linear_ref(x, qw, qz, s, 64, b)
     assert rel_err(ql.awq_kmajor_linear(x, pack_int4_kmajor(qw), qz, s, 64, b), ref) <= 2e-3
+
+
+def _committed_tables():
+    import json
+    from pathlib import Path
+
+    import tachyon.kernels as kernels_pkg
+
+    for path in sorted((Path(kernels_pkg.__file__).parent / "quant_tuned").glob("*.json")):
+        yield path.name, json.loads(path.read_text())["configs"]
+
+
+def test_every_committed_int4_entry_is_a_candidate_and_computes_the_product(device, rel_err):
+    # the awq entries (natural layout) are candidates of their bucket; the awq_kmajor ones (K-major) are MMA/walk
+    # configs the bucket may run (a walk only up to 4 rows); each K-major one matches the reference at a row
+    # count of its bucket (fp16, small shapes that clip its tiles)
+    from tachyon.kernels.quant_linear import AWQ_CONFIGS
+
+    rows = {"one_row": 1, "few": 3, "skinny": 9, "gemm": 20, "prefill": 20}
+    seen = set()
+    for name, table in _committed_tables():
+        for bucket, by_shape in table.get("awq", {}).items():
+            for cfg in by_shape.values():
+                assert tuple(cfg) in AWQ_CONFIGS[bucket], (name, bucket, cfg)
+        for bucket, by_shape in table.get("awq_kmajor", {}).items():
+            for cfg in map(tuple, by_shape.values()):
+                walk = cfg[0] == "walk"
+                assert cfg in (WALK_CONFIGS if walk else MMA_CONFIGS + [("dequant",)]), (name, bucket, cfg)
+                assert not walk or rows[bucket] <= WALK_MAX_ROWS, (name, bucket, cfg)
+                seen.add((bucket, cfg))
+    for bucket, cfg in sorted(seen, key=str):
+        m = rows[bucket]
+        x, qw, qz, s, _ = _case(256, 64, 128, m, torch.float16, device, bias=False, seed=m)
+        got = awq_mma_linear(x, pack_int4_kmajor(qw), qz, s, 128, config=cfg)
+        assert rel_err(got, awq_linear_ref(x, qw, qz, s, 128)) <= TOL[torch.float16], (bucket, cfg)
