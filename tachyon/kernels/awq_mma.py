@@ -35,7 +35,7 @@ import triton.language as tl
 
 from tachyon.kernels import pdl
 from tachyon.kernels.quant_ref import (  # noqa: F401  (the K-major layout and its reference live there)
-    KMAJOR_TILE,
+    KMAJOR_TILE,  # rows of K a block of words covers: 16 word rows x 8 nibbles
     awq_kmajor_ref,
     check_awq_args,
     check_awq_kmajor_args,
@@ -52,7 +52,6 @@ from tachyon.kernels.splits import (
     sum_splits,
 )
 
-TILE_K = KMAJOR_TILE  # rows of K a loaded block of words covers: 16 word rows x 8 nibbles
 # (BLOCK_N, BLOCK_M, SPLIT_K, num_warps, num_stages); SPLIT_K 0: split_k picks it from the shape
 MMA_CONFIGS = [(128, 16, 0, 4, 3), (64, 16, 0, 4, 3), (256, 16, 0, 8, 3), (256, 16, 0, 4, 3), (128, 16, 0, 4, 4),
                (128, 16, 4, 4, 3), (128, 16, 8, 4, 3), (128, 64, 0, 8, 3), (64, 64, 0, 4, 3), (128, 128, 0, 8, 3)]
@@ -88,7 +87,7 @@ def dequantize_kmajor(qweight_k: torch.Tensor, qzeros: torch.Tensor, scales: tor
     """The dense [K, N] weight in scales' dtype, on the GPU in one pass (the many-row path: then cuBLAS)."""
     k, n = qweight_k.shape[0] * 8, qweight_k.shape[1]
     w = torch.empty(k, n, dtype=scales.dtype, device=qweight_k.device)
-    _kmajor_dequant_kernel[(k // TILE_K, triton.cdiv(n, block_n))](
+    _kmajor_dequant_kernel[(k // KMAJOR_TILE, triton.cdiv(n, block_n))](
         qweight_k, qzeros, scales, w, n, n // 8, GROUP=group_size, BLOCK_N=block_n, num_warps=warps,
         **pdl.launch_args())
     return w
@@ -375,20 +374,29 @@ WALK_CONFIGS = [("walk", 256, 2, 0), ("walk", 512, 4, 0), ("walk", 512, 2, 0), (
 WALK_MAX_ROWS = 4
 
 
+def _plan_splits(x, y, k: int, group_size: int, scales, programs: int, split: int, sms_factor: int = 1):
+    """(K rows a split, splits, where the kernel writes: y, or fp32 partials [splits, M, N] for sum_splits) for
+    whole 128-row tiles; split 0 takes split_k's choice for `programs` programs (sms_factor: programs an SM / 2)."""
+    m, n = y.shape
+    k_tiles = k // KMAJOR_TILE
+    if split == 0:
+        groups = k // group_size
+        weight_bytes = k * n // 2 + groups * n // 2 + groups * n * scales.element_size()
+        split = split_k(programs, k_tiles, m * n * 4, weight_bytes, sms_factor * num_sms(x.device))
+    k_split = triton.cdiv(k_tiles, max(1, min(split, k_tiles))) * KMAJOR_TILE
+    split = triton.cdiv(k, k_split)  # no empty splits
+    dst = y if split == 1 else torch.empty(split, m, n, dtype=torch.float32, device=x.device)
+    return k_split, split, dst
+
+
 def _launch_walk(x, qweight_k, qzeros, scales, group_size: int, bias, y, config: tuple) -> torch.Tensor:
     _, block_n, warps, split = config
     m, k = x.shape
     n = y.shape[1]
     block_n = min(block_n, max(32 * warps, triton.next_power_of_2(n)))
     vec = max(1, block_n // (32 * warps))
-    tiles, k_tiles = triton.cdiv(n, block_n), k // TILE_K
-    if split == 0:
-        groups = k // group_size
-        weight_bytes = k * n // 2 + groups * n // 2 + groups * n * scales.element_size()
-        split = split_k(tiles * m, k_tiles, m * n * 4, weight_bytes, 2 * num_sms(x.device))  # 4 programs an SM
-    k_split = triton.cdiv(k_tiles, max(1, min(split, k_tiles))) * TILE_K
-    split = triton.cdiv(k, k_split)
-    dst = y if split == 1 else torch.empty(split, m, n, dtype=torch.float32, device=x.device)
+    tiles = triton.cdiv(n, block_n)
+    k_split, split, dst = _plan_splits(x, y, k, group_size, scales, tiles * m, split, sms_factor=2)  # 4 an SM
     _kmajor_walk_kernel[(m, tiles, split)](
         x, qweight_k, qzeros, scales, bias if bias is not None else y, dst, n, n // 8, k, k_split,
         x.stride(0), n, m * n, 0x4B000000, GROUP=group_size, HAS_BIAS=bias is not None and split == 1,
@@ -424,20 +432,14 @@ def awq_mma_linear(x: torch.Tensor, qweight_k: torch.Tensor, qzeros: torch.Tenso
         return _launch_walk(x, qweight_k, qzeros, scales, group_size, bias, y, config)
     block_n, block_m, split, warps, stages = config
     block_m = max(16, min(block_m, triton.next_power_of_2(m)))
-    grid_n, grid_m, k_tiles = triton.cdiv(n, block_n), triton.cdiv(m, block_m), k // TILE_K
-    groups = k // group_size
-    if split == 0:
-        weight_bytes = k * n // 2 + groups * n // 2 + groups * n * scales.element_size()
-        split = split_k(grid_n * grid_m, k_tiles, m * n * 4, weight_bytes, num_sms(x.device))
-    k_split = triton.cdiv(k_tiles, max(1, min(split, k_tiles))) * TILE_K
-    split = triton.cdiv(k, k_split)  # no empty splits
-    dst = y if split == 1 else torch.empty(split, m, n, dtype=torch.float32, device=x.device)
+    grid_n, grid_m = triton.cdiv(n, block_n), triton.cdiv(m, block_m)
+    k_split, split, dst = _plan_splits(x, y, k, group_size, scales, grid_n * grid_m, split)
     magic, offset = _MAGIC[x.dtype]
     _awq_mma_kernel[(grid_n, grid_m, split)](
         x, qweight_k, qzeros, scales, bias if bias is not None else y, dst, m, n, n // 8, k, k_split,
         x.stride(0), n, m * n, GROUP=group_size, HAS_BIAS=bias is not None and split == 1,
         BLOCK_N=block_n, BLOCK_M=block_m, MAGIC=magic, OFFSET=offset, ASM=_asm(x.device),
-        XTILE=group_size >= TILE_K, num_warps=warps, num_stages=stages,
+        XTILE=group_size >= KMAJOR_TILE, num_warps=warps, num_stages=stages,
         **pdl.launch_args(),
     )
     if split > 1:
@@ -456,8 +458,8 @@ def awq_mma_natural(x: torch.Tensor, qweight: torch.Tensor, qzeros: torch.Tensor
     """awq_linear's product (natural qweight int32 [K, N // 8]) on tensor cores: _awq_mma_natural_kernel.
     K % 128 == 0; x fp16 or bf16. config: a NATURAL_CONFIGS entry (default the first)."""
     n, k = check_awq_args(x, qweight, qzeros, scales, group_size, bias, "awq_mma_natural")
-    if k % TILE_K:
-        raise ValueError(f"awq_mma_natural: K = {k} must be a multiple of {TILE_K}")
+    if k % KMAJOR_TILE:
+        raise ValueError(f"awq_mma_natural: K = {k} must be a multiple of {KMAJOR_TILE}")
     if x.dtype not in _MAGIC:
         raise TypeError(f"awq_mma_natural: x must be float16 or bfloat16, got {x.dtype}")
     if x.stride(-1) != 1:
@@ -469,20 +471,14 @@ def awq_mma_natural(x: torch.Tensor, qweight: torch.Tensor, qzeros: torch.Tensor
     block_p, block_m, split, warps, stages = config if config is not None else NATURAL_CONFIGS[0]
     block_m = max(16, min(block_m, triton.next_power_of_2(m)))
     n8 = n // 8
-    grid_n, grid_m, k_tiles = triton.cdiv(n8, block_p), triton.cdiv(m, block_m), k // TILE_K
-    if split == 0:
-        groups = k // group_size
-        weight_bytes = k * n // 2 + groups * n // 2 + groups * n * scales.element_size()
-        split = split_k(grid_n * grid_m, k_tiles, m * n * 4, weight_bytes, num_sms(x.device))
-    k_split = triton.cdiv(k_tiles, max(1, min(split, k_tiles))) * TILE_K
-    split = triton.cdiv(k, k_split)
-    dst = y if split == 1 else torch.empty(split, m, n, dtype=torch.float32, device=x.device)
+    grid_n, grid_m = triton.cdiv(n8, block_p), triton.cdiv(m, block_m)
+    k_split, split, dst = _plan_splits(x, y, k, group_size, scales, grid_n * grid_m, split)
     magic, offset = _MAGIC[x.dtype]
     _awq_mma_natural_kernel[(grid_n, grid_m, split)](
         x, qweight, qzeros, scales, bias if bias is not None else y, dst, m, n, n8, k, k_split,
         x.stride(0), n, m * n, GROUP=group_size, HAS_BIAS=bias is not None and split == 1,
         BLOCK_P=block_p, BLOCK_M=block_m, MAGIC=magic, OFFSET=offset, ASM=_asm(x.device),
-        XTILE=group_size >= TILE_K, num_warps=warps, num_stages=stages, **pdl.launch_args(),
+        XTILE=group_size >= KMAJOR_TILE, num_warps=warps, num_stages=stages, **pdl.launch_args(),
     )
     if split > 1:
         sum_splits(dst, bias, y)

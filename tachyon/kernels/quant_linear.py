@@ -34,7 +34,7 @@ import triton
 import triton.language as tl
 
 from tachyon.kernels import pdl
-from tachyon.kernels.awq_mma import awq_mma_linear, awq_mma_natural, default_mma_config
+from tachyon.kernels.awq_mma import MMA_MAX_ROWS, awq_mma_linear, awq_mma_natural, default_mma_config
 from tachyon.kernels.quant_ref import (  # noqa: F401  (the layouts and references live beside, Triton-free)
     awq_linear_ref,
     check_awq_args,
@@ -101,7 +101,6 @@ GEMV_PROGRAMS_PER_SM = 4  # the one-row INT4 walk splits K until it has this man
 MAX_FEW_ROWS = 4  # up to this many rows the one-row walks (a program per row, the weight shared in L2) compete
 MAX_SKINNY_ROWS = 16  # up to this many rows a linear layer is bandwidth-bound
 MAX_GEMM_ROWS = 512  # above this many rows (a prefill) dequantizing the whole weight for cuBLAS is cheap
-MMA_MAX_ROWS_TUNED = 64  # a K-major "gemm" bucket entry (measured at 64 rows) serves up to this many rows
 _MAGIC = tl.constexpr(0x4B000000)  # the bits of the float 2**23: OR-ing in v < 2**23 gives the float 2**23 + v
 
 
@@ -628,12 +627,12 @@ def awq_kmajor_linear(x: torch.Tensor, qweight_k: torch.Tensor, qzeros: torch.Te
 
 def kmajor_config(m: int, n: int, k: int, group_size: int, device: torch.device) -> tuple:
     """The K-major kernels' config for m rows of an [N, K] layer: the tuned one, else default_mma_config's (a tuned
-    tile config serves up to MMA_MAX_ROWS_TUNED rows; above, dequant + cuBLAS)."""
+    tile config serves up to awq_mma.MMA_MAX_ROWS rows, as the default does; above, dequant + cuBLAS)."""
     cfg = None
     if device.type == "cuda":
         cfg = _device_table(device.index or 0).get("awq_kmajor", {}).get(row_bucket(m), {}).get(
             tuned_key(n, k, group_size))
-    if cfg is None or (cfg[0] != "dequant" and m > MMA_MAX_ROWS_TUNED):
+    if cfg is None or (cfg[0] != "dequant" and m > MMA_MAX_ROWS):
         cfg = default_mma_config(m)
     return cfg
 
