@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Issue 14, the K-major INT4 path end to end with the per-layer table of run 29 (quant_tuned/<GPU>.json "awq_kmajor"):
-#   1. the GPU tests of tachyon/kernels/awq_mma.py (run 29 cut them at 70 s after 29 passed)
+#   1. the GPU tests of tachyon/kernels/awq_mma.py (run 29 cut them at 70 s after 29 passed) and of the walks
+#      summing their own K splits (TACHYON_SPLIT_FINISH); benchmarks/split_finish.py: that A/B per layer
 #   1b. benchmarks/awq_mma.py at 1/2/4/16 rows (the K-major one-row walk "walk" is new: never timed) -> the table's
 #      "awq_kmajor" entries (returned as tuned_<GPU>.json)
 #   2. TACHYON_AWQ_MMA=1 llama3-70b AWQ `single` and `sweep` 1/16/64/256 (512 in / 128 out; vLLM awq_marlin:
@@ -13,7 +14,9 @@ export PYTHONPATH=.
 END=${END_S:-570}
 . benchmarks/gpu_lib.sh
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader > "$OUT/gpu.txt"; cat "$OUT/gpu.txt"
-gpu_tests ${TEST_S:-100} tests/kernels/test_awq_mma.py
+gpu_tests ${TEST_S:-100} tests/kernels/test_split_finish.py tests/kernels/test_awq_mma.py
+timeout ${FINISH_S:-90} python benchmarks/split_finish.py --out "$OUT/split_finish.json" > "$OUT/split_finish.log" 2>&1
+echo "split_finish rc=$?"; grep -E "equal|Error" "$OUT/split_finish.log" | cut -c1-200 | head -10
 TUNED=tachyon/kernels/quant_tuned/$(python -c "import torch; print(torch.cuda.get_device_name().replace(' ', '_'))").json
 timeout ${BENCH_S:-110} python benchmarks/awq_mma.py --models llama3-70b --rows 1,2,4,16 --budget-s 80 \
   --out "$OUT/awq_mma.json" --write-tuned "$TUNED" > "$OUT/awq_mma.log" 2>&1

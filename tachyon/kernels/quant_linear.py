@@ -44,9 +44,11 @@ from tachyon.kernels.quant_ref import (  # noqa: F401  (the layouts and referenc
     unpack_int4,
 )
 from tachyon.kernels.splits import (
+    finish_split,
     nibble_at_12_or_16,
     num_sms,
     output_buffer,
+    split_counters,
     split_k,
     store_eight_positions,
     sum_splits,
@@ -390,15 +392,17 @@ def _store_col(out_row, b_ptr, y, offs_p, mask_p, HAS_BIAS: tl.constexpr, J: tl.
 
 @triton.jit
 def _awq_gemv_kernel(
-    x_ptr, qw_ptr, qz_ptr, s_ptr, b_ptr, out_ptr,
+    x_ptr, qw_ptr, qz_ptr, s_ptr, b_ptr, out_ptr, y_ptr, cnt_ptr,
     N, N8, K, K_SPLIT, stride_xm, stride_om, stride_os, magic,
     GROUP: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_K: tl.constexpr,
-    PREFETCH: tl.constexpr, UNPACK: tl.constexpr, VEC: tl.constexpr, PDL: tl.constexpr = False,
+    PREFETCH: tl.constexpr, UNPACK: tl.constexpr, VEC: tl.constexpr, FINISH: tl.constexpr = False,
+    FINISH_BIAS: tl.constexpr = False, FENCE: tl.constexpr = False, PDL: tl.constexpr = False,
 ):
     """One row (program axis 0) times BLOCK_P packed columns (8 * BLOCK_P outputs) over one K split, BLOCK_K rows
     (inside one group) per iteration. BLOCK_P = VEC words x 32 lanes x num_warps puts every lane and warp along the
     columns, so the sum over a tile's rows stays inside each thread: no shuffles, no shared memory. Each nibble
-    position j has its own accumulator [BLOCK_P]; the zero point comes off per tile, s * (sum q x - z * sum x)."""
+    position j has its own accumulator [BLOCK_P]; the zero point comes off per tile, s * (sum q x - z * sum x).
+    FINISH: out_ptr holds fp32 partials and the tile's last split sums them into y_ptr (splits.finish_split)."""
     pdl.enter(PDL)
     pid_m, pid_n, pid_k = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     offs_p = pid_n * BLOCK_P + tl.arange(0, BLOCK_P)
@@ -453,6 +457,9 @@ def _awq_gemv_kernel(
     _store_col(out_row, b_ptr, acc5, offs_p, mask_p, HAS_BIAS, 5)
     _store_col(out_row, b_ptr, acc6, offs_p, mask_p, HAS_BIAS, 6)
     _store_col(out_row, b_ptr, acc7, offs_p, mask_p, HAS_BIAS, 7)
+    if FINISH:
+        finish_split(out_ptr, cnt_ptr, b_ptr, y_ptr, pid_m * tl.num_programs(1) + pid_n, pid_m, pid_n * BLOCK_P * 8,
+                     N, stride_os, tl.num_programs(2), BLOCK_P * 8, FINISH_BIAS, FENCE)
 
 
 @triton.jit
@@ -605,12 +612,17 @@ def _launch_awq_gemv(x, qweight, qzeros, scales, group_size: int, bias, y, cfg: 
             **pdl.launch_args(),
         )
     else:
+        counters = split_counters(x.device, m * tiles) if split > 1 else None
         _awq_gemv_kernel[(m, tiles, split)](
-            x, qweight, qzeros, scales, bias if bias is not None else y, dst, n, n8, k, k_split,
+            x, qweight, qzeros, scales, bias if bias is not None else y, dst, y,
+            counters if counters is not None else y, n, n8, k, k_split,
             x.stride(0), n, m * n, 0x4B000000, GROUP=group_size, HAS_BIAS=bias is not None and split == 1,
-            BLOCK_P=block_p, BLOCK_K=block_k, PREFETCH=bool(prefetch), UNPACK=unpack, VEC=vec, num_warps=warps,
-            num_stages=1, **pdl.launch_args(),
+            BLOCK_P=block_p, BLOCK_K=block_k, PREFETCH=bool(prefetch), UNPACK=unpack, VEC=vec,
+            FINISH=counters is not None, FINISH_BIAS=bias is not None, FENCE=x.device.type == "cuda",
+            num_warps=warps, num_stages=1, **pdl.launch_args(),
         )
+        if counters is not None:
+            return y
     if split > 1:
         sum_splits(dst, bias, y)
     return y

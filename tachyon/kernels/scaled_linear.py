@@ -35,7 +35,7 @@ import triton.language as tl
 from tachyon.kernels import pdl
 from tachyon.kernels.quant_linear import _device_table, _int8_to_float, row_bucket, tuned_key
 from tachyon.kernels.quant_ref import SCALED_QMAX, check_scaled_args, quantize_rows_ref, scaled_linear_ref  # noqa: F401
-from tachyon.kernels.splits import num_sms, output_buffer, split_k, sum_splits
+from tachyon.kernels.splits import finish_split, num_sms, output_buffer, split_counters, split_k, sum_splits
 
 MAX_ROW_WALK_ROWS = 16  # up to this many rows a linear layer is bandwidth-bound: the row walk
 ROW_WALK_CONFIG = ("walk", 16, 512, 4, 4)  # kind, BLOCK_N, BLOCK_K, num_warps, num_stages
@@ -146,17 +146,19 @@ def _w8a8_dot_kernel(
 
 @triton.jit
 def _w8a8_row_kernel(
-    x_ptr, w_ptr, ws_ptr, xs_ptr, b_ptr, out_ptr,
+    x_ptr, w_ptr, ws_ptr, xs_ptr, b_ptr, out_ptr, y_ptr, cnt_ptr,
     N, K, K_SPLIT, stride_xm, stride_om, stride_os,
     FP8: tl.constexpr, QMAX: tl.constexpr, STATIC: tl.constexpr, HAS_BIAS: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, AMAX_BLOCK: tl.constexpr, LATE_REDUCE: tl.constexpr,
-    PREQ: tl.constexpr = False, PDL: tl.constexpr = False,
+    PREQ: tl.constexpr = False, FINISH: tl.constexpr = False, FINISH_BIAS: tl.constexpr = False,
+    FENCE: tl.constexpr = False, PDL: tl.constexpr = False,
 ):
     """One row and a strip of BLOCK_N output features per program (a K range of it when K is split). The row's
     scale comes first: max|x_row| in AMAX_BLOCK-wide loads (x is in L2, so few wide loads beat many serial ones
     before the first weight byte is asked for). LATE_REDUCE keeps a [BLOCK_N, BLOCK_K] fp32 sum and reduces it
     across threads once, after the walk, instead of once per K tile. PREQ: x is already quantized
-    (`quantize_rows`) and xs_ptr holds its [M] scales: the walk starts with the weight."""
+    (`quantize_rows`) and xs_ptr holds its [M] scales: the walk starts with the weight. FINISH: out_ptr holds fp32
+    partials and the tile's last split sums them into y_ptr (splits.finish_split)."""
     pdl.enter(PDL)
     pid_m, pid_n, pid_k = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     x_row = x_ptr + pid_m.to(tl.int64) * stride_xm
@@ -201,6 +203,9 @@ def _w8a8_row_kernel(
         acc += tl.load(b_ptr + offs_n, mask=mask_n, other=0.0).to(tl.float32)
     out = out_ptr + pid_k.to(tl.int64) * stride_os + pid_m.to(tl.int64) * stride_om
     tl.store(out + offs_n, acc.to(out_ptr.dtype.element_ty), mask=mask_n)
+    if FINISH:
+        finish_split(out_ptr, cnt_ptr, b_ptr, y_ptr, pid_m * tl.num_programs(1) + pid_n, pid_m, pid_n * BLOCK_N, N,
+                     stride_os, tl.num_programs(2), BLOCK_N, FINISH_BIAS, FENCE)
 
 
 @triton.jit
@@ -338,8 +343,13 @@ def _row_walk(x, weight, weight_scale, bias, input_scale, y, config: tuple, pre=
                                          BLOCK_M=MAX_ROW_WALK_ROWS, **meta)
     else:  # the scale's loads: 16 elements a thread, as wide as x's row (a power of 2)
         amax_block = min(triton.next_power_of_2(k), max(block_k, 16 * 32 * warps))
-        _w8a8_row_kernel[(m, tiles, split)](*args, n, k, k_split, x.stride(0), n, m * n, AMAX_BLOCK=amax_block,
-                                            LATE_REDUCE=kind == "lwalk", **meta)
+        counters = split_counters(x.device, m * tiles) if split > 1 else None
+        _w8a8_row_kernel[(m, tiles, split)](*args, y, counters if counters is not None else y, n, k, k_split,
+                                            x.stride(0), n, m * n, AMAX_BLOCK=amax_block,
+                                            LATE_REDUCE=kind == "lwalk", FINISH=counters is not None,
+                                            FINISH_BIAS=bias is not None, FENCE=x.device.type == "cuda", **meta)
+        if counters is not None:
+            return y
     if split > 1:
         sum_splits(dst, bias, y)
     return y

@@ -1,10 +1,12 @@
 """What the quantized linears' kernels and launchers share: the K-split decision, the fp32 partials' fixed-order
-sum, the output buffer check, the SM count, the store of one nibble position's outputs, moving a nibble under a
-float's exponent bits (kernels/quant_linear.py, scaled_linear.py, awq_mma.py)."""
+sum (a second kernel, or the last split of each tile inside the first: `finish_split`), the output buffer check,
+the SM count, the store of one nibble position's outputs, moving a nibble under a float's exponent bits
+(kernels/quant_linear.py, scaled_linear.py, awq_mma.py)."""
 
 from __future__ import annotations
 
 import functools
+import os
 
 import torch
 import triton
@@ -62,6 +64,67 @@ def sum_splits(partials: torch.Tensor, bias, y: torch.Tensor) -> None:
         partials, bias if bias is not None else y, y, m * n, n, SPLIT_K=split, HAS_BIAS=bias is not None,
         BLOCK=block, num_warps=4, **pdl.launch_args(),
     )
+
+
+# The one-row walks can sum their K splits themselves: every program stores its fp32 partial, then takes a ticket
+# from its output tile's counter; the tile's last program reads the partials back (from L2, just written) and sums
+# them in split order, the same sums as _sum_splits_kernel, so the result is bit for bit the same, with one launch
+# a linear instead of two. The counters are one int32 buffer per device, zero between launches (the last program
+# puts its tile's back), so the kernels that use them must not run on two streams at once: the engine runs its
+# steps on one. TACHYON_SPLIT_FINISH=1 turns it on (off by default until an end-to-end run measures it).
+SPLIT_COUNTERS = 1 << 15
+_counters: dict = {}
+
+
+def split_finish_enabled() -> bool:
+    return os.environ.get("TACHYON_SPLIT_FINISH", "0") not in ("", "0")
+
+
+def split_counters(device: torch.device, tiles: int) -> torch.Tensor | None:
+    """The device's zeroed tile counters for a launch of `tiles` output tiles that finishes its own splits, or None
+    (use sum_splits): off, more tiles than SPLIT_COUNTERS, or first asked for inside a CUDA graph capture (the
+    buffer must not come from a graph's private memory pool)."""
+    if not split_finish_enabled() or tiles > SPLIT_COUNTERS:
+        return None
+    buf = _counters.get(device)
+    if buf is None:
+        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            return None
+        buf = _counters[device] = torch.zeros(SPLIT_COUNTERS, dtype=torch.int32, device=device)
+    return buf
+
+
+@triton.jit
+def _fence_gpu(token):
+    """fence.acq_rel.gpu in every thread (returns token): orders its earlier stores before a later signal."""
+    return tl.inline_asm_elementwise("fence.acq_rel.gpu;\n mov.u32 $0, $1;", "=r,r", [token], dtype=tl.int32,
+                                     is_pure=False, pack=1)
+
+
+@triton.jit
+def finish_split(p_ptr, cnt_ptr, b_ptr, y_ptr, tile, row, col0, N, MN, SPLIT, NCOLS: tl.constexpr,
+                 HAS_BIAS: tl.constexpr, FENCE: tl.constexpr):
+    """Called by every program of a split launch after it stored its fp32 partial of y[row, col0:col0 + NCOLS]
+    (split s at p_ptr + s * MN + row * N): the last of the tile's SPLIT programs to arrive sums the partials in
+    split order (+ bias), stores y and zeroes the tile's counter; the others return. FENCE (compiled kernels):
+    each thread's stores are made visible GPU-wide before the ticket is taken, and the reader fences after it."""
+    if FENCE:
+        tile = _fence_gpu(tile)
+    tl.debug_barrier()
+    ticket = tl.atomic_add(cnt_ptr + tile, 1, sem="acq_rel", scope="gpu")
+    if ticket == SPLIT - 1:
+        if FENCE:
+            tile = _fence_gpu(tile)
+        offs = col0 + tl.arange(0, NCOLS)
+        mask = offs < N
+        src = p_ptr + row.to(tl.int64) * N + offs
+        acc = tl.load(src, mask=mask, other=0.0, cache_modifier=".cg")
+        for s in range(1, SPLIT):
+            acc += tl.load(src + s * MN, mask=mask, other=0.0, cache_modifier=".cg")
+        if HAS_BIAS:
+            acc += tl.load(b_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+        tl.store(y_ptr + row.to(tl.int64) * N + offs, acc.to(y_ptr.dtype.element_ty), mask=mask)
+        tl.atomic_xchg(cnt_ptr + tile, 0, sem="relaxed", scope="gpu")
 
 
 @triton.jit
