@@ -37,8 +37,8 @@ def compile_kernel(kind: str, block: int, rows: int, warps: int, stages: int, m1
     """(compiled kernel, weight values a thread handles a loop iteration)."""
     if kind == "walk":
         fn = awq_mma._kmajor_walk_kernel
-        sig = {**COMMON, **{a: "i32" for a in ("N", "N8", "K", "K_SPLIT", "stride_xm", "stride_om", "stride_os",
-                                                "magic")}}
+        sig = {**COMMON, "y_ptr": "*bf16", "cnt_ptr": "*i32",
+               **{a: "i32" for a in ("N", "N8", "K", "K_SPLIT", "stride_xm", "stride_om", "stride_os", "magic")}}
         const = {"GROUP": 128, "HAS_BIAS": False, "BLOCK_N": block, "VEC": block // (32 * warps), "PDL": False}
         values = block * 128 // (32 * warps)  # a 128-row tile of BLOCK_N columns
         stages = 1

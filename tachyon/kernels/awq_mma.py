@@ -44,9 +44,11 @@ from tachyon.kernels.quant_ref import (  # noqa: F401  (the K-major layout and i
     unpack_int4_kmajor,
 )
 from tachyon.kernels.splits import (
+    finish_split,
     nibble_at_12_or_16,
     num_sms,
     output_buffer,
+    split_counters,
     split_k,
     store_eight_positions,
     sum_splits,
@@ -314,15 +316,18 @@ def _walk_slice(q, xj, xsum, magic, J: tl.constexpr):
 
 @triton.jit
 def _kmajor_walk_kernel(
-    x_ptr, qw_ptr, qz_ptr, s_ptr, b_ptr, out_ptr,
+    x_ptr, qw_ptr, qz_ptr, s_ptr, b_ptr, out_ptr, y_ptr, cnt_ptr,
     N, N8, K, K_SPLIT, stride_xm, stride_om, stride_os, magic,
-    GROUP: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr, VEC: tl.constexpr, PDL: tl.constexpr = False,
+    GROUP: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr, VEC: tl.constexpr,
+    FINISH: tl.constexpr = False, FINISH_BIAS: tl.constexpr = False, FENCE: tl.constexpr = False,
+    PDL: tl.constexpr = False,
 ):
     """The one-row FMA walk on the K-major layout (a program per row, pid 0): BLOCK_N = VEC x 32 x num_warps columns
     along the lanes, a [BLOCK_N, 16] block of words a 128-row tile, its 16 rows inside each thread, so the sum over
     K stays in the thread. Nibble j of the block is rows 16j..16j+15 of the tile for every column: one SHF shared by
     two nibbles and one LOP3 put it under 2**23's exponent bits at bit b (12 or 16), the float 2**23 + v 2**b, one FFMA
-    a value; the 2**23 x the slice's sum of x comes off per slice, the zero point and scale per group."""
+    a value; the 2**23 x the slice's sum of x comes off per slice, the zero point and scale per group. FINISH:
+    out_ptr holds fp32 partials and the tile's last split sums them into y_ptr (splits.finish_split)."""
     pdl.enter(PDL)
     pid_m, pid_n, pid_k = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     E: tl.constexpr = min(GROUP, 128) // 16
@@ -360,6 +365,9 @@ def _kmajor_walk_kernel(
         acc += tl.load(b_ptr + offs_n, mask=mask_n, other=0.0).to(tl.float32)
     y = out_ptr + pid_k.to(tl.int64) * stride_os + pid_m.to(tl.int64) * stride_om + offs_n
     tl.store(y, acc.to(out_ptr.dtype.element_ty), mask=mask_n)
+    if FINISH:
+        finish_split(out_ptr, cnt_ptr, b_ptr, y_ptr, pid_m * tl.num_programs(1) + pid_n, pid_m, pid_n * BLOCK_N, N,
+                     stride_os, tl.num_programs(2), BLOCK_N, FINISH_BIAS, FENCE)
 
 
 def default_mma_config(m: int) -> tuple:
@@ -402,12 +410,15 @@ def _launch_walk(x, qweight_k, qzeros, scales, group_size: int, bias, y, config:
     vec = max(1, block_n // (32 * warps))
     tiles = triton.cdiv(n, block_n)
     k_split, split, dst = _plan_splits(x, y, k, group_size, scales, tiles * m, split, sms_factor=2)  # 4 an SM
+    counters = split_counters(x.device, m * tiles) if split > 1 else None
     _kmajor_walk_kernel[(m, tiles, split)](
-        x, qweight_k, qzeros, scales, bias if bias is not None else y, dst, n, n // 8, k, k_split,
-        x.stride(0), n, m * n, 0x4B000000, GROUP=group_size, HAS_BIAS=bias is not None and split == 1,
-        BLOCK_N=block_n, VEC=vec, num_warps=warps, num_stages=1, **pdl.launch_args(),
+        x, qweight_k, qzeros, scales, bias if bias is not None else y, dst, y, counters if counters is not None else y,
+        n, n // 8, k, k_split, x.stride(0), n, m * n, 0x4B000000, GROUP=group_size,
+        HAS_BIAS=bias is not None and split == 1, BLOCK_N=block_n, VEC=vec, FINISH=counters is not None,
+        FINISH_BIAS=bias is not None, FENCE=x.device.type == "cuda", num_warps=warps, num_stages=1,
+        **pdl.launch_args(),
     )
-    if split > 1:
+    if split > 1 and counters is None:
         sum_splits(dst, bias, y)
     return y
 

@@ -5,7 +5,8 @@ counter is back at zero after the launch (the next launch, or a CUDA graph's nex
 import pytest
 import torch
 
-from tachyon.kernels import quant_linear, scaled_linear, splits
+from tachyon.kernels import awq_mma, quant_linear, scaled_linear, splits
+from tachyon.kernels.quant_ref import pack_int4_kmajor
 from tachyon.layers.linear import quantize_int8
 
 
@@ -43,6 +44,27 @@ def test_awq_walk_finishes_its_splits(monkeypatch, dtype, device, m, n, k):
         assert torch.equal(one, two)
         assert not counters.any()
         assert torch.equal(run(), one)  # a second launch on the reset counters
+
+
+@pytest.mark.parametrize("m", [1, 2])
+def test_kmajor_walk_finishes_its_splits(monkeypatch, dtype, device, m):
+    if dtype == torch.float32:
+        pytest.skip("awq_mma_linear takes fp16/bf16")
+    torch.manual_seed(m)
+    k, n, g = 512, 72, 64  # 4 tiles of 128 rows, split in 2 and 4; 72 columns: a masked second column tile
+    qw = quant_linear.pack_int4(torch.randint(0, 16, (k, n))).to(device)
+    qz = quant_linear.pack_int4(torch.randint(0, 16, (k // g, n))).to(device)
+    s = (torch.randn(k // g, n) * 0.02).to(device=device, dtype=dtype)
+    qk = pack_int4_kmajor(qw)
+    x = torch.randn(m, k).to(device=device, dtype=dtype)
+    bias = torch.randn(n).to(device=device, dtype=dtype)
+    for cfg in (("walk", 64, 2, 2), ("walk", 32, 1, 4)):
+        def run(cfg=cfg):
+            return awq_mma.awq_mma_linear(x, qk, qz, s, g, bias, config=cfg)
+
+        two, one, counters = _both(monkeypatch, awq_mma, run)
+        assert torch.equal(one, two), cfg
+        assert not counters.any()
 
 
 @pytest.mark.parametrize("m", [1, 3])
