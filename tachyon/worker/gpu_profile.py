@@ -46,6 +46,17 @@ def profile_step(cfg, bs: int) -> tuple[SchedulerOutput, int]:
     return SchedulerOutput(seqs=seqs), scratch_blocks
 
 
+def kv_budget_bytes(total: int, utilization: float, non_torch: int, resident: int, peak: int, scratch: int,
+                    graph_pool: bool, spec_bytes: int = 0) -> int:
+    """Bytes the KV pool may take: total * utilization less what is not torch's, what stays resident (weights and
+    buffers, allocated before the profile step), the profile step's activations (its peak less the resident bytes
+    and its scratch cache), as much again for the piecewise graphs' pool when there is one (a pool holds a step's
+    activations, not the weights), the verification graphs' logits (spec_bytes) and 256 MiB of slack."""
+    activations = max(0, peak - scratch - resident)
+    graphs = (activations if graph_pool else 0) + spec_bytes
+    return int(total * utilization - non_torch - resident - activations - graphs - (256 << 20))
+
+
 @torch.inference_mode()
 def profile_num_blocks(runner) -> int:
     cfg = runner.config
@@ -55,6 +66,7 @@ def profile_num_blocks(runner) -> int:
     torch.cuda.synchronize()
     torch.cuda.empty_cache()
     torch.cuda.reset_peak_memory_stats()
+    resident = torch.cuda.memory_allocated()  # the weights and the runner's buffers
     sched, scratch_blocks = profile_step(runner.config, runner.block_size)
     runner.allocate_kv_cache(scratch_blocks)
     runner.collect(runner.submit(sched))
@@ -66,20 +78,20 @@ def profile_num_blocks(runner) -> int:
     torch.cuda.empty_cache()
     free, total = torch.cuda.mem_get_info()
     non_torch = (total - free) - torch.cuda.memory_reserved()
-    activations = peak - scratch
-    # piecewise graphs (steps with prefill tokens) keep a pool as large as the largest step's activations
-    graphs = activations if cfg.mixed_cuda_graphs else 0
+    spec_bytes = 0
     if cfg.speculative is not None:  # the verification graphs' logits buffer and their pool's logits (<= 320 rows)
         from tachyon.worker.cuda_graphs import verify_sizes
 
         q = 1 + cfg.speculative.num_speculative_tokens
-        graphs += 2 * verify_sizes(cfg.scheduler.max_num_seqs, q)[-1] * q * runner.model.logits_size * 4
-    budget = total * cfg.cache.gpu_memory_utilization - non_torch - activations - graphs - (256 << 20)
+        spec_bytes = 2 * verify_sizes(cfg.scheduler.max_num_seqs, q)[-1] * q * runner.model.logits_size * 4
+    budget = kv_budget_bytes(total, cfg.cache.gpu_memory_utilization, non_torch, resident, peak, scratch,
+                             cfg.mixed_cuda_graphs, spec_bytes)
     n = int(budget // runner.kv_bytes_per_block())
     if n < 2:
         raise ValueError(f"no GPU memory left for the KV cache after weights and activations (peak "
                          f"{peak / 2**30:.1f} GiB of {total / 2**30:.1f}): raise gpu_memory_utilization or lower "
                          f"max_num_batched_tokens")
     runner.timings["profile_peak_gib"] = peak / 2**30
+    runner.timings["profile_resident_gib"] = resident / 2**30
     runner.timings["kv_cache_gib"] = n * runner.kv_bytes_per_block() / 2**30
     return n
