@@ -17,7 +17,7 @@ Kernels per format; the config (and the row bucket's list of them) picks one:
   (BLOCK_K divides G), so it has one scale and zero row;
 - "dequant" (INT4, default above 512 rows): the whole weight dequantized to x's dtype, then cuBLAS;
 - "mma" (INT4, 1-16 rows, where a tuned table picks it): the tensor-core product of kernels/awq_mma.py on this
-  layout; `awq_kmajor_linear` runs the same kernels on a K-major repacked weight (TACHYON_AWQ_MMA=1).
+  layout; `awq_kmajor_linear` runs the same kernels on a K-major repacked weight (Hopper's default; TACHYON_AWQ_MMA).
 Up to 16 rows the time is the weight's bytes over the memory bandwidth: INT4 K*N/2 + (K/G)*N*(scale bytes + 1/2),
 INT8 K*N + N*(scale bytes). Where the (M, N) tiles are too few to fill the GPU, K is split over SPLIT_K programs
 that write fp32 partials to a workspace, and a second kernel sums them in a fixed order (deterministic).
@@ -639,11 +639,15 @@ def awq_kmajor_linear(x: torch.Tensor, qweight_k: torch.Tensor, qzeros: torch.Te
 
 def kmajor_config(m: int, n: int, k: int, group_size: int, device: torch.device) -> tuple:
     """The K-major kernels' config for m rows of an [N, K] layer: the tuned one, else default_mma_config's (a tuned
-    tile config serves up to awq_mma.MMA_MAX_ROWS rows, as the default does; above, dequant + cuBLAS)."""
+    tile config serves up to awq_mma.MMA_MAX_ROWS rows, as the default does; above, dequant + cuBLAS). 2-4 rows
+    with no "few" entry take the "skinny" one: a 16-row tile costs what one row costs (an H100 replayed 70B's
+    decode at 2-4 rows in 20.8 ms on the default config against 19.2 at 8-16 on the tuned one, run 31)."""
     cfg = None
     if device.type == "cuda":
-        cfg = _device_table(device.index or 0).get("awq_kmajor", {}).get(row_bucket(m), {}).get(
-            tuned_key(n, k, group_size))
+        table, key = _device_table(device.index or 0).get("awq_kmajor", {}), tuned_key(n, k, group_size)
+        cfg = table.get(row_bucket(m), {}).get(key)
+        if cfg is None and row_bucket(m) == "few":
+            cfg = table.get("skinny", {}).get(key)
     if cfg is None or (cfg[0] != "dequant" and m > MMA_MAX_ROWS):
         cfg = default_mma_config(m)
     return cfg

@@ -10,6 +10,7 @@ and computes with the Triton kernels on a GPU (`kernels/quant_linear.py`), the t
 
 from __future__ import annotations
 
+import os
 from typing import NamedTuple
 
 import torch
@@ -37,6 +38,19 @@ class QuantizedRows(NamedTuple):
     x: torch.Tensor
     q: torch.Tensor
     scale: torch.Tensor
+
+
+def awq_kmajor_wanted(capability: tuple[int, int], env: str | None = None) -> bool:
+    """Whether the engine repacks AWQ layers K-major for a GPU of this compute capability. Default on Hopper
+    (sm_90): there the K-major kernels beat the natural layout's at 2-64 rows (2-2.8x a layer at 16 rows on the
+    H100 and the H200) and, with the 2-warp candidates, at one row on the H100 (x1.5-1.6 a layer). env is
+    TACHYON_AWQ_MMA's value: "0" keeps the natural layout, "1" repacks on any card from sm_90 on."""
+    env = os.environ.get("TACHYON_AWQ_MMA") if env is None else env
+    if env not in (None, "", "0", "1"):
+        raise ValueError(f"TACHYON_AWQ_MMA must be 0 or 1, got {env!r}")
+    if env == "0" or capability[0] < 9:
+        return False
+    return env == "1" or tuple(capability) == (9, 0)
 
 
 def repack_awq_kmajor(model: nn.Module) -> int:

@@ -23,7 +23,6 @@ from __future__ import annotations
 import atexit
 import dataclasses
 import logging
-import os
 import time
 import weakref
 from collections import deque
@@ -147,12 +146,14 @@ class ModelRunner:
             from tachyon.layers.triton_backend import install_fused_ops
 
             install_fused_ops(self.model)
-        if (self.device.type == "cuda" and os.environ.get("TACHYON_AWQ_MMA", "0") == "1"
-                and torch.cuda.get_device_capability(self.device)[0] >= 9):
-            from tachyon.layers.linear import repack_awq_kmajor
+        if self.device.type == "cuda":
+            from tachyon.layers.linear import awq_kmajor_wanted, repack_awq_kmajor
 
-            # opt-in until measured: the tensor-core INT4 kernels (kernels/awq_mma.py) for the AWQ layers
-            logger.info("TACHYON_AWQ_MMA=1: %d AWQ layers repacked K-major", repack_awq_kmajor(self.model))
+            # the tensor-core INT4 kernels (kernels/awq_mma.py) for the AWQ layers: Hopper's default
+            if awq_kmajor_wanted(torch.cuda.get_device_capability(self.device)):
+                n = repack_awq_kmajor(self.model)
+                if n:
+                    logger.info("%d AWQ layers repacked K-major (TACHYON_AWQ_MMA=0 keeps the natural layout)", n)
 
     # -- KV cache ---------------------------------------------------------------------------------------
     def kv_bytes_per_block(self) -> int:

@@ -150,6 +150,8 @@ def test_kmajor_linear_takes_the_tuned_config_within_its_rows(device, rel_err, m
     monkeypatch.setattr(ql, "_device_table", lambda index: table)
     cuda = torch.device("cuda", 0)
     assert ql.kmajor_config(9, 64, 256, 64, cuda) == (64, 16, 2, 4, 2)
+    assert ql.kmajor_config(3, 64, 256, 64, cuda) == (64, 16, 2, 4, 2)  # no "few" entry: the "skinny" one
+    assert ql.kmajor_config(1, 64, 256, 64, cuda) == MMA_CONFIGS[0]  # one row has its own bucket
     assert ql.kmajor_config(40, 64, 256, 64, cuda) == (128, 16, 4, 4, 3)
     assert ql.kmajor_config(100, 64, 256, 64, cuda) == ("dequant",)  # past the rows a tile entry serves
     assert ql.kmajor_config(9, 64, 512, 64, cuda) == MMA_CONFIGS[0]  # another shape: the default

@@ -13,7 +13,7 @@ from safetensors.torch import save_file
 from tachyon import LLM, SamplingParams
 from tachyon.config import ModelConfig, QuantConfig, quant_config_from_hf, resolve_quantization
 from tachyon.kernels.quant_ref import dequantize_int4
-from tachyon.layers.linear import AWQLinear, Int8Linear, quantize_int8, repack_awq_kmajor
+from tachyon.layers.linear import AWQLinear, Int8Linear, awq_kmajor_wanted, quantize_int8, repack_awq_kmajor
 from tachyon.models.llama import LlamaForCausalLM
 from tachyon.plan import weight_breakdown
 from tests.conftest import hf_greedy, make_tiny_checkpoint
@@ -104,6 +104,16 @@ def test_kmajor_repack_keeps_the_layer_exact_and_refuses_later_loads():
     assert layer.use_kmajor()  # a second call changes nothing
     with pytest.raises(RuntimeError, match="repacked K-major"):
         layer.load("scales", s, 0, N, "s")
+
+
+def test_kmajor_is_hoppers_default_and_the_env_overrides_it(monkeypatch):
+    monkeypatch.delenv("TACHYON_AWQ_MMA", raising=False)
+    assert awq_kmajor_wanted((9, 0), env=None) and awq_kmajor_wanted((9, 0), env="")
+    assert not awq_kmajor_wanted((9, 0), env="0")
+    assert not awq_kmajor_wanted((8, 0), env=None) and not awq_kmajor_wanted((8, 9), env="1")  # no sm_90 MMA
+    assert not awq_kmajor_wanted((10, 0), env=None) and awq_kmajor_wanted((10, 0), env="1")  # untimed: opt-in
+    with pytest.raises(ValueError, match="TACHYON_AWQ_MMA must be 0 or 1, got 'yes'"):
+        awq_kmajor_wanted((9, 0), env="yes")
 
 
 @pytest.mark.parametrize("symmetric", [False, True])
