@@ -1,8 +1,8 @@
 """INT4 (W4A16) on tensor cores for 1-64 rows, from a K-major packing (quant_ref.pack_int4_kmajor), and the same
 product on the natural layout (`_awq_mma_natural_kernel`, the "mma" kind of quant_linear.awq_linear). The K-major
 path is Hopper's default (layers/linear.awq_kmajor_wanted; TACHYON_AWQ_MMA=0 opts out; repack_awq_kmajor repacks
-every AWQ layer whose K is a multiple of 128): 2-2.8x quant_linear's kernels at 2-16 rows on the H200 and the H100,
-1.5-1.6x at one row on the H100 with the 2-warp configs (benchmarks/results/h100/issue14/run31).
+every AWQ layer whose K is a multiple of 128): 1.6-1.9x quant_linear's kernels at 16 rows on the H200 (2.0-2.8x on
+the H100), 1.04-1.28x at one row with the 2-warp configs (benchmarks/results/h200/issue14/run32, h100/issue14/run31).
 
 Why another layout. The natural/AWQ packing holds 8 *columns* in a word, so a dot tile needs the nibbles spread
 into 8 columns (a reshape), and Triton moves the dequantized tile through shared memory to the MMA's operand

@@ -42,8 +42,8 @@ class QuantizedRows(NamedTuple):
 
 def awq_kmajor_wanted(capability: tuple[int, int], env: str | None = None) -> bool:
     """Whether the engine repacks AWQ layers K-major for a GPU of this compute capability. Default on Hopper
-    (sm_90): there the K-major kernels beat the natural layout's at 2-64 rows (2-2.8x a layer at 16 rows on the
-    H100 and the H200) and, with the 2-warp candidates, at one row on the H100 (x1.5-1.6 a layer). env is
+    (sm_90): there the K-major kernels beat the natural layout's at 1-64 rows (a 70B layer 1.6-2.8x at 16 rows,
+    1.04-1.6x at one row with the 2-warp configs; 70B AWQ `single` 65.5 against 60.0 on the H200). env is
     TACHYON_AWQ_MMA's value: "0" keeps the natural layout, "1" repacks on any card from sm_90 on."""
     env = os.environ.get("TACHYON_AWQ_MMA") if env is None else env
     if env not in (None, "", "0", "1"):
