@@ -18,6 +18,8 @@ one is scheduled (its proposals need the tokens on the host).
     # the seeds' pairing: 70B AWQ target, an 8B draft's forwards paying for replayed proposals
     PYTHONPATH=. python benchmarks/spec_decode_gpu.py --model benchmarks/models/llama3-70b.json --quantization awq \
         --draft benchmarks/models/llama3-8b.json --num-kv-blocks 4000 --batches 1 --fidelity 0.9,0.8 --out ...
+    # (--draft-quantization awq: a 4-bit draft; the runs before 2026-12-07 had one without asking, as the draft
+    # inherited the target's --quantization then)
 """
 
 from __future__ import annotations
@@ -155,6 +157,8 @@ def main() -> None:
     ap.add_argument("--quantization", default=None, help="the target's (awq: random 4-bit weights)")
     ap.add_argument("--draft", default=None, help="a draft model's config.json (random weights): replay proposals "
                     "paid for by its forwards (the issue's 70B AWQ + 8B pairing)")
+    ap.add_argument("--draft-quantization", default=None, help="the draft's (speculative_config \"quantization\"; "
+                    "default: dense bf16)")
     ap.add_argument("--num-kv-blocks", type=int, default=None, help="the KV pool (needed with --draft: the pool is "
                     "sized before the draft loads, so leave it room)")
     ap.add_argument("--trust-replay", action="store_true", help="accept the replayed proposals whatever the "
@@ -167,7 +171,8 @@ def main() -> None:
                     "rejected decode plainly in between); fidelity 1 runs with the first only (nothing is rejected)")
     args = ap.parse_args()
     k = args.k
-    spec = ({"method": "draft_model", "model": args.draft, "num_speculative_tokens": k} if args.draft
+    spec = ({"method": "draft_model", "model": args.draft, "num_speculative_tokens": k,
+             "quantization": args.draft_quantization} if args.draft
             else {"method": "ngram", "num_speculative_tokens": k})
     t_start = time.monotonic()
     llm = LLM(model=args.model, load_format="dummy", max_model_len=args.max_model_len, swap_space=0,

@@ -85,8 +85,10 @@ def load_draft(args: EngineArgs) -> ModelRunner | None:
     if args.tensor_parallel_size > 1:
         raise ValueError("a draft model with tensor_parallel_size > 1 is not supported: use the ngram method, "
                          "or tensor_parallel_size=1")
+    # the draft's quantization is its checkpoint's or the speculative config's, never the target's --quantization
     draft_args = dataclasses.replace(args, model=spec.model, speculative_config=None, num_kv_blocks=None,
-                                     swap_space=0, num_scheduler_steps=1, tokenizer=None)
+                                     swap_space=0, num_scheduler_steps=1, tokenizer=None,
+                                     quantization=spec.quantization)
     path = model_path(draft_args)
     config = draft_args.create_engine_config(load_config(path), draft_args.resolve_device())
     return ModelRunner(config, None if draft_args.load_format == "dummy" and path.endswith(".json") else path,

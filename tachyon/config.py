@@ -306,6 +306,8 @@ class SpeculativeConfig:
     method "ngram": prompt lookup on the host; the longest suffix of the sequence's tokens (at most
     `prompt_lookup_max`, at least `prompt_lookup_min` tokens) found earlier in it proposes what followed there.
     method "draft_model": `model`, a smaller model with the same tokenizer, proposes greedily with its own paged KV.
+    Its weights run as its checkpoint says, or as `quantization` asks (one of QUANTIZATION_METHODS, as
+    --quantization does for the target; vLLM's key): a draft never inherits the target's --quantization.
 
     When speculation does not pay it steps aside: a step with `disable_by_batch_size` or more running sequences
     verifies nothing (vLLM's key: at large batches the verification's extra tokens cost compute that decoding has
@@ -322,6 +324,7 @@ class SpeculativeConfig:
     model: str | None = None
     disable_by_batch_size: int | None = None
     backoff_max_steps: int = DEFAULT_SPEC_BACKOFF_MAX_STEPS
+    quantization: str | None = None  # the draft model's (method "draft_model")
 
     @classmethod
     def parse(cls, value: str | dict | SpeculativeConfig | None) -> SpeculativeConfig | None:
@@ -339,7 +342,7 @@ class SpeculativeConfig:
         if not isinstance(value, dict):
             raise ValueError(f"speculative_config must be a JSON object, not {type(value).__name__}")
         known = {"method", "num_speculative_tokens", "prompt_lookup_max", "prompt_lookup_min", "model",
-                 "disable_by_batch_size", "backoff_max_steps"}
+                 "disable_by_batch_size", "backoff_max_steps", "quantization"}
         unknown = set(value) - known
         if unknown:
             raise ValueError(f"speculative_config has unknown keys {sorted(unknown)}; known: {sorted(known)}")
@@ -373,7 +376,16 @@ class SpeculativeConfig:
         if not _is_int(backoff) or backoff < 0:
             raise ValueError(f"speculative_config backoff_max_steps={backoff!r}: give an integer >= 0 (0: a "
                              f"sequence speculates every step however often its proposals are rejected)")
-        return cls(method, k, hi, lo, model, by_batch, backoff)
+        quant = value.get("quantization")
+        if quant in ("none", "auto"):
+            quant = None
+        if quant is not None and method != "draft_model":
+            raise ValueError(f'speculative_config quantization applies to a draft model (method "draft_model"), '
+                             f'not to method {method!r}: leave it out')
+        if quant is not None and quant not in QUANTIZATION_METHODS:
+            raise ValueError(f"speculative_config quantization {quant!r} is not supported; use one of "
+                             f"{list(QUANTIZATION_METHODS)}, or leave it out (the draft checkpoint's own)")
+        return cls(method, k, hi, lo, model, by_batch, backoff, quant)
 
 
 @dataclass(slots=True)

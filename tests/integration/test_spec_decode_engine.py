@@ -198,3 +198,24 @@ def test_a_draft_that_is_never_right_backs_off_and_catches_up_exactly(tiny):
     # without the back-off every decode but the last verifies: 27 per sequence
     assert 0 < st.spec_num_drafts < len(prompts) * (max_tokens - 1) * 2 // 3
     _assert_no_leaks(llm)
+
+
+def test_the_draft_runs_its_own_quantization_not_the_targets(tiny):
+    """An int8 target with a dense draft checkpoint: the draft stays dense unless the speculative config asks
+    (vLLM's "quantization" key); either way greedy output is the int8 target's own."""
+    from tachyon.layers.linear import Int8Linear
+
+    path, _, draft = tiny
+    prompt = [{"prompt_token_ids": [5, 9, 13, 17, 21, 5, 9, 13]}]
+    greedy = SamplingParams(temperature=0, max_tokens=10, ignore_eos=True)
+    plain = _tiny_llm(path, None, quantization="int8").generate(prompt, greedy)[0].outputs[0].token_ids
+    for quant, want in ((None, 0), ("int8", 1)):
+        spec = {"method": "draft_model", "model": draft, "num_speculative_tokens": 3, "backoff_max_steps": 0,
+                **({"quantization": quant} if quant else {})}
+        llm = _tiny_llm(path, spec, quantization="int8")
+        count = lambda m: sum(isinstance(x, Int8Linear) for x in m.modules())  # noqa: E731
+        assert count(llm.engine.runner.model) > 0
+        assert min(1, count(llm.engine.scheduler.proposer.runner.model)) == want
+        assert llm.generate(prompt, greedy)[0].outputs[0].token_ids == plain
+        assert llm.engine.stats().spec_num_drafts > 0
+        _assert_no_leaks(llm)

@@ -307,6 +307,10 @@ def test_disable_by_batch_size_turns_speculation_off_for_large_steps():
     ('{"method": "ngram", "num_speculative_tokens": 2, "backoff_max_steps": true}', "backoff_max_steps=True"),
     ('{"method": "ngram", "num_speculative_tokens": true}', "num_speculative_tokens=True"),  # JSON true is no count
     ('{"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_max": true}', "prompt_lookup_max=True"),
+    ('{"method": "draft_model", "model": "d", "num_speculative_tokens": 2, "quantization": "gptq"}',
+     "quantization 'gptq' is not supported; use one of ['awq', 'int8', 'fp8', 'w8a8']"),
+    ('{"method": "ngram", "num_speculative_tokens": 2, "quantization": "int8"}',
+     'quantization applies to a draft model (method "draft_model"), not to method \'ngram\''),
 ])
 def test_speculative_config_errors_say_what_to_change(value, message):
     with pytest.raises(ValueError, match=None) as e:
@@ -322,6 +326,10 @@ def test_speculative_config_defaults_and_dict_form():
                                  "backoff_max_steps": 0})
     assert (c.disable_by_batch_size, c.backoff_max_steps) == (32, 0)
     assert SpeculativeConfig.parse('{"method": "ngram", "num_speculative_tokens": 1}').prompt_lookup_max == 4
+    draft = {"method": "draft_model", "model": "d", "num_speculative_tokens": 2}
+    assert SpeculativeConfig.parse(draft).quantization is None
+    assert SpeculativeConfig.parse({**draft, "quantization": "awq"}).quantization == "awq"
+    assert SpeculativeConfig.parse({**draft, "quantization": "none"}).quantization is None
     assert NgramProposer(1, 2).propose([SimpleNamespace(token_ids=[1, 2, 1])], [2]) == [[2, 1]]
 
 
