@@ -57,9 +57,11 @@ from tachyon.kernels.splits import (
 # (BLOCK_N, BLOCK_M, SPLIT_K, num_warps, num_stages); SPLIT_K 0: split_k picks it from the shape. On Hopper
 # Triton makes a warpgroup MMA (wgmma) of the tile when num_warps is a multiple of 4 and BLOCK_N of 64; with a
 # register operand it waits for each one before the next. num_warps 2 makes the same tile Ampere's mma.sync
-# (no wait, several in flight): the 2-warp entries, compiled for sm_90 on the CPU, use 128-254 registers without
-# spills (benchmarks/awq_mma_sass.py); which is faster only a GPU can say (benchmarks/awq_mma.py times both).
-MMA_CONFIGS = [(128, 16, 0, 4, 3), (128, 16, 0, 2, 3), (64, 16, 0, 2, 3), (256, 16, 0, 2, 3), (128, 16, 8, 2, 3),
+# (no wait, several in flight): the 2-warp entries use 128-254 registers without spills (benchmarks/awq_mma_sass.py)
+# and win: over llama3-70b's four layers at 1, 16 and 64 rows, (256, 16, 0, 2, 3) ran on average 1.04-1.09x each
+# layer's best time on the H200 and the H100 (runs 32, 31), the 4-warp (128, 16, 0, 4, 3) 1.14-1.23x. The first
+# entry is the default of shapes no table covers.
+MMA_CONFIGS = [(256, 16, 0, 2, 3), (128, 16, 0, 4, 3), (128, 16, 0, 2, 3), (64, 16, 0, 2, 3), (128, 16, 8, 2, 3),
                (64, 64, 0, 2, 3), (64, 16, 0, 4, 3), (256, 16, 0, 8, 3), (256, 16, 0, 4, 3), (128, 16, 0, 4, 4),
                (128, 16, 4, 4, 3), (128, 16, 8, 4, 3), (128, 64, 0, 8, 3), (64, 64, 0, 4, 3), (128, 128, 0, 8, 3)]
 # above this many rows the weight is dequantized once and multiplied by cuBLAS ("dequant"): on the H200 (run 29)
