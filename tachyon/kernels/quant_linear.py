@@ -641,7 +641,7 @@ def kmajor_config(m: int, n: int, k: int, group_size: int, device: torch.device)
     """The K-major kernels' config for m rows of an [N, K] layer: the tuned one, else default_mma_config's (a tuned
     tile config serves up to awq_mma.MMA_MAX_ROWS rows, as the default does; above, dequant + cuBLAS). 2-4 rows
     with no "few" entry take the "skinny" one: a 16-row tile costs what one row costs (an H100 replayed 70B's
-    decode at 2-4 rows in 20.8 ms on the default config against 19.2 at 8-16 on the tuned one, run 31)."""
+    decode at 2-4 rows in 20.6-20.9 ms on the default config against 18.9-19.5 at 8-16 on the tuned one, run 31)."""
     cfg = None
     if device.type == "cuda":
         table, key = _device_table(device.index or 0).get("awq_kmajor", {}), tuned_key(n, k, group_size)
