@@ -9,11 +9,12 @@ llama3-8b's layers.
 Per (layer, M): the relative error of each kernel against awq_linear_ref (bf16), then GPU ms per call (a CUDA
 graph over weight copies adding up to > 256 MB, so nothing is served from L2; median of 10 replays) and GB/s of
 the weight's bytes (K*N/2 + zeros + bf16 scales). Every K-major MMA_CONFIGS entry (and up to 4 rows every
-WALK_CONFIGS entry) and, up to 16 rows, every NATURAL_CONFIGS entry is timed while the budget lasts; the best of
-each is reported beside today's kernel. A config further than 2e-2 from the reference is not timed.
+WALK_CONFIGS entry, from 16 rows every DIRECT_CONFIGS entry) and, up to 16 rows, every NATURAL_CONFIGS entry is
+timed while the budget lasts; the best of each is reported beside today's kernel. A config further than 2e-2 from
+the reference is not timed.
 
 --write-tuned merges the fastest K-major config per (row bucket of the timed M, layer shape) into the GPU's tuned
-table under "awq_kmajor" (what quant_linear.kmajor_config reads when TACHYON_AWQ_MMA=1 repacked the layers).
+table under "awq_kmajor" (what quant_linear.kmajor_config reads for the K-major layers, Hopper's default).
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from quant_kernels import DEV, GROUP, L2_DEFEAT_BYTES, SHAPES, graph_ms, rel_errs, weight_bytes  # noqa: E402
 
 from tachyon.kernels.awq_mma import (  # noqa: E402
+    DIRECT_CONFIGS,
     MMA_CONFIGS,
     NATURAL_CONFIGS,
     WALK_CONFIGS,
@@ -140,8 +142,11 @@ def main() -> None:
 
             tall = max(16, triton.next_power_of_2(m))  # taller tiles than the rows need: a shorter one's kernel
             walks = WALK_CONFIGS if m <= WALK_MAX_ROWS else []
-            cfgs = time_configs(kmajor, [c for c in MMA_CONFIGS if c[1] <= tall or c is MMA_CONFIGS[0]] + walks, ws,
-                                ref, lambda: time.monotonic() - start > args.budget_s)
+            tiles = [c for c in MMA_CONFIGS if c[1] <= tall or c is MMA_CONFIGS[0]]
+            direct = [c for c in DIRECT_CONFIGS if c[2] <= tall] if m >= 16 else []
+            # from 32 rows the direct tiles go first: a budget cut still times them (they are meant for these rows)
+            cands = direct + tiles + walks if m >= 32 else tiles + walks + direct
+            cfgs = time_configs(kmajor, cands, ws, ref, lambda: time.monotonic() - start > args.budget_s)
             row["mma"] = cfgs
             nat = time_configs(natural, NATURAL_CONFIGS if m <= 16 else [], ws, ref,
                                lambda: time.monotonic() - start > args.budget_s)

@@ -2,7 +2,7 @@
 (its wheel carries ptxas, nvdisasm and cuobjdump), so the IR, the SASS and the register use can be read here.
 
     PYTHONPATH=. python benchmarks/awq_mma_sass.py [--kernel kmajor|natural|walk] [--block 128] [--rows 16]
-        [--warps 4] [--stages 3] [--m1] [--out report.json]
+        [--warps 4] [--stages 3] [--m1] [--direct] [--out report.json]
 
 Prints, for one config: registers and spills (cuobjdump), shared memory, whether the weight operand goes through
 shared memory after its unpacking (a `local_alloc` of it in the TTGIR: the round trip the kernels avoid), the MMA
@@ -33,7 +33,7 @@ DIVISIBLE = ["x_ptr", "qw_ptr", "qz_ptr", "s_ptr", "b_ptr", "out_ptr", "N", "N8"
              "stride_om", "stride_os"]
 
 
-def compile_kernel(kind: str, block: int, rows: int, warps: int, stages: int, m1: bool):
+def compile_kernel(kind: str, block: int, rows: int, warps: int, stages: int, m1: bool, direct: bool = False):
     """(compiled kernel, weight values a thread handles a loop iteration)."""
     if kind == "walk":
         fn = awq_mma._kmajor_walk_kernel
@@ -47,7 +47,9 @@ def compile_kernel(kind: str, block: int, rows: int, warps: int, stages: int, m1
         sig = {**COMMON, **{a: "i32" for a in ("M", "N", "N8", "K", "K_SPLIT", "stride_xm", "stride_om",
                                                 "stride_os")}}
         const = {"GROUP": 128, "HAS_BIAS": False, ("BLOCK_N" if kind == "kmajor" else "BLOCK_P"): block,
-                 "BLOCK_M": rows, "MAGIC": 0x4300, "OFFSET": 128, "ASM": True, "XTILE": True, "PDL": False}
+                 "BLOCK_M": rows, "MAGIC": 0x4300, "OFFSET": 128, "ASM": True, "XTILE": not direct, "PDL": False}
+        if direct:
+            const["DIRECT"] = True
         outputs = block if kind == "kmajor" else 8 * block
         values = outputs * 128 // (32 * warps)
         if m1:
@@ -88,9 +90,13 @@ def main() -> None:
     ap.add_argument("--warps", type=int, default=4)
     ap.add_argument("--stages", type=int, default=3)
     ap.add_argument("--m1", action="store_true", help="M specialized to 1, as the runtime compiles one row")
+    ap.add_argument("--direct", action="store_true", help="kmajor: the DIRECT variant (a DIRECT_CONFIGS entry)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
-    kernel, values = compile_kernel(args.kernel, args.block, args.rows, args.warps, args.stages, args.m1)
+    if args.direct and args.kernel != "kmajor":
+        raise SystemExit("--direct is a variant of --kernel kmajor")
+    kernel, values = compile_kernel(args.kernel, args.block, args.rows, args.warps, args.stages, args.m1,
+                                    args.direct)
     ttgir, ptx = kernel.asm["ttgir"], kernel.asm["ptx"]
     cubin = "/tmp/awq_mma_sass.cubin"
     with open(cubin, "wb") as f:

@@ -64,6 +64,15 @@ from tachyon.kernels.splits import (
 MMA_CONFIGS = [(256, 16, 0, 2, 3), (128, 16, 0, 4, 3), (128, 16, 0, 2, 3), (64, 16, 0, 2, 3), (128, 16, 8, 2, 3),
                (64, 64, 0, 2, 3), (64, 16, 0, 4, 3), (256, 16, 0, 8, 3), (256, 16, 0, 4, 3), (128, 16, 0, 4, 4),
                (128, 16, 4, 4, 3), (128, 16, 8, 4, 3), (128, 64, 0, 8, 3), (64, 64, 0, 4, 3), (128, 128, 0, 8, 3)]
+# ("direct", BLOCK_N, BLOCK_M, SPLIT_K, num_warps, num_stages): the same kernel with the weight dequantized into
+# the MMA operand ((q - z) * s in x's dtype: packed HADD2 + HMUL2, one instruction a value), so nothing per output
+# and row is done a group: candidates for 16-64 rows, where the fp32 epilogue and the sum of x grow with the rows
+# (a 64-row tile ran at ~146 TFLOP/s on the H200, run 32). Offline sm_90 compiles (benchmarks/results/cpu/
+# awq_mma_sass/direct.md): 3.2-3.9 SASS instructions a weight value at 32-64 rows against 5.4-7.3 for the epilogue
+# kernel, the operand in registers; 8 warps on a 128-column tile (or 4 on 64) send it through shared memory instead.
+DIRECT_CONFIGS = [("direct", 128, 64, 0, 4, 3), ("direct", 128, 64, 0, 4, 4), ("direct", 256, 64, 0, 8, 3),
+                  ("direct", 128, 32, 0, 4, 3), ("direct", 256, 32, 0, 4, 3), ("direct", 64, 32, 0, 2, 3),
+                  ("direct", 128, 16, 0, 2, 3)]
 # above this many rows the weight is dequantized once and multiplied by cuBLAS ("dequant"): on the H200 (run 29)
 # 16-row tiles over the rows beat the taller tiles at 64 rows and dequant + cuBLAS wins from ~80 rows
 MMA_MAX_ROWS = 64
@@ -149,10 +158,13 @@ def _awq_mma_kernel(
     M, N, N8, K, K_SPLIT, stride_xm, stride_om, stride_os,
     GROUP: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr,
     MAGIC: tl.constexpr, OFFSET: tl.constexpr, ASM: tl.constexpr, XTILE: tl.constexpr, PDL: tl.constexpr = False,
+    DIRECT: tl.constexpr = False,
 ):
     """Program (pid_n, pid_m, pid_k): outputs [BLOCK_N] x rows [BLOCK_M] over one K split of whole 128-row
     tiles. Per tile one [BLOCK_N, 16] load of words, eight dots of K 16 on q - z (exact in halves); the group's
-    scale goes on the dots' fp32 sum every E dots (E = min(GROUP, 128) / 16)."""
+    scale goes on the dots' fp32 sum every E dots (E = min(GROUP, 128) / 16). DIRECT: the dots take the weight
+    itself, (q - z) * s rounded to x's dtype, into one accumulator (no per-group epilogue over the [BLOCK_N,
+    BLOCK_M] tile, no sum of x: the work that grows with the rows; XTILE must be off)."""
     pdl.enter(PDL)
     pid_n, pid_m, pid_k = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     E: tl.constexpr = min(GROUP, 128) // 16
@@ -180,25 +192,33 @@ def _awq_mma_kernel(
         for j in tl.static_range(8):
             xj = tl.load(x_ptrs + (k0 + 16 * j), mask=mask_m[None, :], other=0.0)
             a = _nibble(q, xj, j, MAGIC, ASM)
-            if j % E == 0:
-                part = tl.dot(a, xj)
+            if DIRECT:
+                if j % E == 0:  # the group's offset + zero (exact in halves) and scale, a column each
+                    g = (k0 + 16 * j) // GROUP
+                    zw = tl.load(qz_ptr + g * N8 + offs_n // 8, mask=mask_n, other=0)
+                    zo = (((zw >> zero_shift) & 0xF).to(tl.float32) + OFFSET).to(xj.dtype)[:, None]
+                    sc = tl.load(s_ptr + g * N + offs_n, mask=mask_n, other=0.0).to(xj.dtype)[:, None]
+                acc = tl.dot((a - zo) * sc, xj, acc)
             else:
-                part = tl.dot(a, xj, part)
-            if XTILE:
-                if j == 7:
-                    xs = tl.sum(xt.to(tl.float32), axis=1)[None, :]
-            else:
-                ones = tl.full((BLOCK_N, 16), 1.0, xj.dtype)
                 if j % E == 0:
-                    xs = tl.dot(ones, xj)  # every row: sum_k x (tensor cores idle here anyway)
+                    part = tl.dot(a, xj)
                 else:
-                    xs = tl.dot(ones, xj, xs)
-            if (j + 1) % E == 0:
-                g = (k0 + 16 * (j + 1 - E)) // GROUP
-                zw = tl.load(qz_ptr + g * N8 + offs_n // 8, mask=mask_n, other=0)
-                z = ((zw >> zero_shift) & 0xF).to(tl.float32) + OFFSET
-                s = tl.load(s_ptr + g * N + offs_n, mask=mask_n, other=0.0).to(tl.float32)
-                acc += s[:, None] * (part - z[:, None] * xs)
+                    part = tl.dot(a, xj, part)
+                if XTILE:
+                    if j == 7:
+                        xs = tl.sum(xt.to(tl.float32), axis=1)[None, :]
+                else:
+                    ones = tl.full((BLOCK_N, 16), 1.0, xj.dtype)
+                    if j % E == 0:
+                        xs = tl.dot(ones, xj)  # every row: sum_k x (tensor cores idle here anyway)
+                    else:
+                        xs = tl.dot(ones, xj, xs)
+                if (j + 1) % E == 0:
+                    g = (k0 + 16 * (j + 1 - E)) // GROUP
+                    zw = tl.load(qz_ptr + g * N8 + offs_n // 8, mask=mask_n, other=0)
+                    z = ((zw >> zero_shift) & 0xF).to(tl.float32) + OFFSET
+                    s = tl.load(s_ptr + g * N + offs_n, mask=mask_n, other=0.0).to(tl.float32)
+                    acc += s[:, None] * (part - z[:, None] * xs)
     if HAS_BIAS:
         acc += tl.load(b_ptr + offs_n, mask=mask_n, other=0.0).to(tl.float32)[:, None]
     y = out_ptr + pid_k.to(tl.int64) * stride_os + offs_m.to(tl.int64)[None, :] * stride_om + offs_n[:, None]
@@ -429,8 +449,8 @@ def awq_mma_linear(x: torch.Tensor, qweight_k: torch.Tensor, qzeros: torch.Tenso
                    group_size: int, bias: torch.Tensor | None = None, config: tuple | None = None,
                    out: torch.Tensor | None = None) -> torch.Tensor:
     """x [M, K] @ w [K, N] (+ bias) -> [M, N] in x's dtype; w from the K-major qweight (pack_int4_kmajor) and the
-    natural qzeros/scales. config: an MMA_CONFIGS entry, a WALK_CONFIGS entry (up to WALK_MAX_ROWS rows) or
-    ("dequant",); None takes default_mma_config's."""
+    natural qzeros/scales. config: an MMA_CONFIGS or DIRECT_CONFIGS entry, a WALK_CONFIGS entry (up to
+    WALK_MAX_ROWS rows) or ("dequant",); None takes default_mma_config's."""
     n, k = check_awq_kmajor_args(x, qweight_k, qzeros, scales, group_size, bias, "awq_mma_linear")
     if x.dtype not in _MAGIC:
         raise TypeError(f"awq_mma_linear: x must be float16 or bfloat16, got {x.dtype} (awq_kmajor_ref takes fp32)")
@@ -448,7 +468,8 @@ def awq_mma_linear(x: torch.Tensor, qweight_k: torch.Tensor, qzeros: torch.Tenso
         return torch.matmul(x, w, out=y) if bias is None else torch.addmm(bias, x, w, out=y)
     if config[0] == "walk":
         return _launch_walk(x, qweight_k, qzeros, scales, group_size, bias, y, config)
-    block_n, block_m, split, warps, stages = config
+    direct = config[0] == "direct"
+    block_n, block_m, split, warps, stages = config[1:] if direct else config
     block_m = max(16, min(block_m, triton.next_power_of_2(m)))
     grid_n, grid_m = triton.cdiv(n, block_n), triton.cdiv(m, block_m)
     k_split, split, dst = _plan_splits(x, y, k, group_size, scales, grid_n * grid_m, split)
@@ -457,7 +478,7 @@ def awq_mma_linear(x: torch.Tensor, qweight_k: torch.Tensor, qzeros: torch.Tenso
         x, qweight_k, qzeros, scales, bias if bias is not None else y, dst, m, n, n // 8, k, k_split,
         x.stride(0), n, m * n, GROUP=group_size, HAS_BIAS=bias is not None and split == 1,
         BLOCK_N=block_n, BLOCK_M=block_m, MAGIC=magic, OFFSET=offset, ASM=_asm(x.device),
-        XTILE=group_size >= KMAJOR_TILE, num_warps=warps, num_stages=stages,
+        XTILE=group_size >= KMAJOR_TILE and not direct, DIRECT=direct, num_warps=warps, num_stages=stages,
         **pdl.launch_args(),
     )
     if split > 1:

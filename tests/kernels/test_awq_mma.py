@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from tachyon.kernels.awq_mma import (
+    DIRECT_CONFIGS,
     MMA_CONFIGS,
     NATURAL_CONFIGS,
     WALK_CONFIGS,
@@ -73,6 +74,7 @@ def _kmajor(x, qw, qz, s, g, b=None, config=None, out=None):
 
 # kernel, the configs the CPU runs (the default, K splits with fp32 partials, taller row tiles), every candidate
 KERNELS = {"kmajor": (_kmajor, [None, (64, 16, 2, 4, 2), (32, 32, 4, 4, 2)], MMA_CONFIGS),
+           "kmajor_direct": (_kmajor, [("direct", 64, 16, 0, 4, 2), ("direct", 32, 32, 4, 4, 2)], DIRECT_CONFIGS),
            "kmajor_walk": (_kmajor, [("walk", 64, 1, 0), ("walk", 64, 2, 2)], WALK_CONFIGS),  # 32 and 64 columns
            "natural": (awq_mma_natural, [(16, 16, 1, 4, 2), (16, 32, 2, 4, 2)], NATURAL_CONFIGS)}
 
@@ -186,7 +188,8 @@ def test_every_committed_int4_entry_is_a_candidate_and_computes_the_product(devi
         for bucket, by_shape in table.get("awq_kmajor", {}).items():
             for cfg in map(tuple, by_shape.values()):
                 walk = cfg[0] == "walk"
-                assert cfg in (WALK_CONFIGS if walk else MMA_CONFIGS + [("dequant",)]), (name, bucket, cfg)
+                allowed = WALK_CONFIGS if walk else MMA_CONFIGS + DIRECT_CONFIGS + [("dequant",)]
+                assert cfg in allowed, (name, bucket, cfg)
                 assert not walk or rows[bucket] <= WALK_MAX_ROWS, (name, bucket, cfg)
                 seen.add((bucket, cfg))
     for bucket, cfg in sorted(seen, key=str):
