@@ -97,7 +97,8 @@ class EngineArgs:
     speculative_config: str | dict | None = _knob(
         None, 'speculative decoding, as JSON: {"method": "ngram", "num_speculative_tokens": 4, '
               '"prompt_lookup_max": 4, "prompt_lookup_min": 2} (prompt lookup) or {"method": "draft_model", '
-              '"model": DIR, "num_speculative_tokens": 4} (a smaller model with the same tokenizer); optional '
+              '"model": DIR, "num_speculative_tokens": 4} (a smaller model with the same tokenizer; its '
+              '"quantization" is its checkpoint\'s unless given, never the target\'s); optional '
               '"disable_by_batch_size": N (steps with N running sequences or more do not speculate) and '
               '"backoff_max_steps": 32 (sequences whose proposals are mostly rejected decode plainly up to that '
               'many steps between tries; 0: never back off). Requests with penalties or logprobs decode without it')
