@@ -36,6 +36,7 @@ from quant_kernels import DEV, GROUP, L2_DEFEAT_BYTES, SHAPES, graph_ms, rel_err
 from tachyon.kernels.awq_mma import (  # noqa: E402
     DIRECT_CONFIGS,
     MMA_CONFIGS,
+    MMA_MAX_ROWS,
     NATURAL_CONFIGS,
     WALK_CONFIGS,
     WALK_MAX_ROWS,
@@ -78,7 +79,8 @@ def write_tuned(report: dict, path: str) -> None:
     section = table.setdefault("configs", {}).setdefault("awq_kmajor", {})
     for row in report["results"]:
         best = row.get("mma_best")
-        if best:
+        # a tile config serves up to MMA_MAX_ROWS rows (kmajor_config): a row count past it only reports
+        if best and row["M"] <= MMA_MAX_ROWS:
             key = tuned_key(row["N"], row["K"], report["group"])
             section.setdefault(row_bucket(row["M"]), {})[key] = list(ast.literal_eval(best["config"]))
     table["awq_kmajor_made_by"] = ("benchmarks/awq_mma.py --write-tuned (the fastest K-major config per row bucket "

@@ -2,7 +2,7 @@
 # Next after run 32 (any Hopper card; the bars are H200 figures), in parts (PARTS, default all, in this order):
 #   70b:  benchmarks/awq_mma.py for llama3-70b at 64 rows with the "direct" K-major tiles (DIRECT_CONFIGS, never
 #         run on a GPU: half the SASS instructions a weight value of the epilogue kernel at 64 rows) -> the "gemm"
-#         entries of this GPU's table; then llama3-70b AWQ `single` and `sweep` 1/16/64/256 on it (run 32: 65.5 tok/s;
+#         entries of this GPU's table (and at 256 rows, beside dequant + cuBLAS, reported only); then llama3-70b AWQ `single` and `sweep` 1/16/64/256 on it (run 32: 65.5 tok/s;
 #         61.9 / 511.8 / 587.6 / 813.2 out tok/s; the 64-row step replayed in 56.5 ms)
 #   8b:   the same tuning for llama3-8b's AWQ shapes at 1/16/64 rows (8B ran the untuned default in run 32), then
 #         llama3-8b AWQ `single` and `throughput` (run 32: 324.5 tok/s, 10,580 out tok/s)
@@ -28,7 +28,7 @@ tune() {  # name, timeout_s, awq_mma.py args...
 for part in $PARTS; do
   case $part in
     70b)
-      tune 70b_m64 ${TUNE70_S:-90} --models llama3-70b --rows 64
+      tune 70b_m64 ${TUNE70_S:-120} --models llama3-70b --rows 64,256  # 256: reported only (dequant serves it)
       perf_run 70b_awq --model llama3-70b --quantization awq --workloads single,sweep \
         --sweep-concurrency 1,16,64,256 --sweep-out 128 ;;
     8b)

@@ -197,3 +197,24 @@ def test_every_committed_int4_entry_is_a_candidate_and_computes_the_product(devi
         x, qw, qz, s, _ = _case(256, 64, 128, m, torch.float16, device, bias=False, seed=m)
         got = awq_mma_linear(x, pack_int4_kmajor(qw), qz, s, 128, config=cfg)
         assert rel_err(got, awq_linear_ref(x, qw, qz, s, 128)) <= TOL[torch.float16], (bucket, cfg)
+
+
+def test_the_tuner_writes_the_fastest_config_of_each_bucket_it_can_serve(tmp_path):
+    """benchmarks/awq_mma.py --write-tuned: the fastest timed K-major config per (row bucket, shape) merged into
+    the table; a row count past MMA_MAX_ROWS (dequant + cuBLAS serves it) writes nothing."""
+    import json
+
+    from benchmarks.awq_mma import write_tuned
+    from tachyon.kernels.awq_mma import MMA_MAX_ROWS
+
+    direct, tile = DIRECT_CONFIGS[0], MMA_CONFIGS[0]
+    rows = [(1, tile), (64, direct), (MMA_MAX_ROWS * 4, MMA_CONFIGS[1])]
+    report = {"gpu": "G", "group": 128, "command": "cmd", "results": [
+        {"M": m, "N": 256, "K": 512, "mma_best": {"config": str(cfg)}} for m, cfg in rows]}
+    path = tmp_path / "G.json"
+    path.write_text(json.dumps({"device": "G", "configs": {"fp8": {"one_row": {"x": [1]}}}}))
+    write_tuned(report, str(path))
+    table = json.loads(path.read_text())
+    assert table["configs"]["fp8"] == {"one_row": {"x": [1]}}  # the rest of the table stays
+    assert table["configs"]["awq_kmajor"] == {"one_row": {"256x512g128": list(tile)},
+                                              "gemm": {"256x512g128": list(direct)}}
