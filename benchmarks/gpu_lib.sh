@@ -30,6 +30,16 @@ tune_scaled() {  # timeout_s, rows, config rows: llama3-8b's fp8/w8a8 layers tim
   grep -E "^(walk|gemm)" "$OUT/scaled_kernels.log" | cut -c1-170
 }
 
+tune_kmajor() {  # name, timeout_s, awq_mma.py args...: the K-major INT4 configs timed, the fastest merged into
+  # tachyon/kernels/quant_tuned/<GPU>.json under "awq_kmajor" (returned as $OUT/tuned_<GPU>.json)
+  local name=$1 t=$2 tuned; shift 2
+  tuned=tachyon/kernels/quant_tuned/$(python -c "import torch; print(torch.cuda.get_device_name().replace(' ', '_'))").json
+  timeout "$t" python benchmarks/awq_mma.py --budget-s $((t - 30)) --out "$OUT/awq_mma_$name.json" \
+    --write-tuned "$tuned" "$@" > "$OUT/awq_mma_$name.log" 2>&1
+  echo "awq_mma $name rc=$?"; grep -E "M=|Error" "$OUT/awq_mma_$name.log" | cut -c1-330 | head -12
+  cp "$tuned" "$OUT/tuned_$(basename "$tuned")"
+}
+
 perf_run() {  # name, gpu_run.py perf args...: until END, skipped with under 60 s left
   local name=$1; shift
   [ $SECONDS -lt $((END - 60)) ] || { echo "== $name: no time left"; return; }

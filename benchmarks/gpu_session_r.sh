@@ -2,8 +2,9 @@
 # Next after run 32 (any Hopper card; the bars are H200 figures), in parts (PARTS, default all, in this order):
 #   70b:  benchmarks/awq_mma.py for llama3-70b at 64 rows with the "direct" K-major tiles (DIRECT_CONFIGS, never
 #         run on a GPU: half the SASS instructions a weight value of the epilogue kernel at 64 rows) -> the "gemm"
-#         entries of this GPU's table (and at 256 rows, beside dequant + cuBLAS, reported only); then llama3-70b AWQ `single` and `sweep` 1/16/64/256 on it (run 32: 65.5 tok/s;
-#         61.9 / 511.8 / 587.6 / 813.2 out tok/s; the 64-row step replayed in 56.5 ms)
+#         entries of this GPU's table (and at 256 rows, beside dequant + cuBLAS, reported only); then llama3-70b
+#         AWQ `single` and `sweep` 1/16/64/256 on it (run 32: 65.5 tok/s; 61.9 / 511.8 / 587.6 / 813.2 out tok/s;
+#         the 64-row step replayed in 56.5 ms)
 #   8b:   the same tuning for llama3-8b's AWQ shapes at 1/16/64 rows (8B ran the untuned default in run 32), then
 #         llama3-8b AWQ `single` and `throughput` (run 32: 324.5 tok/s, 10,580 out tok/s)
 #   spec: the seeds' pairing on the tuned K-major target: 70B AWQ + 8B draft, k = 4, acceptance ~0.8/~0.5, the
@@ -16,23 +17,14 @@ END=${END_S:-560}
 PARTS=${PARTS:-70b 8b spec fp8}
 . benchmarks/gpu_lib.sh
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader > "$OUT/gpu.txt"; cat "$OUT/gpu.txt"
-GPU=$(python -c "import torch; print(torch.cuda.get_device_name().replace(' ', '_'))")
-TUNED=tachyon/kernels/quant_tuned/$GPU.json
-tune() {  # name, timeout_s, awq_mma.py args...
-  local name=$1 t=$2; shift 2
-  timeout "$t" python benchmarks/awq_mma.py --budget-s $((t - 30)) --out "$OUT/awq_mma_$name.json" \
-    --write-tuned "$TUNED" "$@" > "$OUT/awq_mma_$name.log" 2>&1
-  echo "awq_mma $name rc=$?"; grep -E "M=|Error" "$OUT/awq_mma_$name.log" | cut -c1-330 | head -12
-  cp "$TUNED" "$OUT/tuned_$GPU.json"
-}
 for part in $PARTS; do
   case $part in
     70b)
-      tune 70b_m64 ${TUNE70_S:-120} --models llama3-70b --rows 64,256  # 256: reported only (dequant serves it)
+      tune_kmajor 70b_m64 ${TUNE70_S:-120} --models llama3-70b --rows 64,256  # 256: reported only (dequant serves it)
       perf_run 70b_awq --model llama3-70b --quantization awq --workloads single,sweep \
         --sweep-concurrency 1,16,64,256 --sweep-out 128 ;;
     8b)
-      tune 8b ${TUNE8_S:-110} --models llama3-8b --rows 1,16,64
+      tune_kmajor 8b ${TUNE8_S:-110} --models llama3-8b --rows 1,16,64
       perf_run 8b_awq --quantization awq --workloads single,throughput ;;
     spec)
       for DQ in awq none; do

@@ -132,13 +132,19 @@ def tuned_key(n: int, k: int, group_size: int | None = None) -> str:
     return f"{n}x{k}" if group_size is None else f"{n}x{k}g{group_size}"
 
 
+def tuned_entry(device: torch.device, fmt: str, bucket: str, key: str):
+    """This GPU's tuned config (tachyon/kernels/quant_tuned/) for a format, row bucket and tuned_key, or None."""
+    if device.type != "cuda":
+        return None
+    return _device_table(device.index or 0).get(fmt, {}).get(bucket, {}).get(key)
+
+
 def default_config(fmt: str, m: int, n: int, k: int, device: torch.device, group_size: int | None = None) -> tuple:
     """The config for m rows of an [N, K] layer: the tuned one for this GPU and shape, else the bucket's first."""
     bucket = row_bucket(m)
-    if device.type == "cuda":
-        tuned = _device_table(device.index or 0).get(fmt, {}).get(bucket, {}).get(tuned_key(n, k, group_size))
-        if tuned is not None:
-            return tuned
+    tuned = tuned_entry(device, fmt, bucket, tuned_key(n, k, group_size))
+    if tuned is not None:
+        return tuned
     return (AWQ_CONFIGS if fmt == "awq" else INT8_CONFIGS)[bucket][0]
 
 
@@ -642,12 +648,10 @@ def kmajor_config(m: int, n: int, k: int, group_size: int, device: torch.device)
     tile config serves up to awq_mma.MMA_MAX_ROWS rows, as the default does; above, dequant + cuBLAS). 2-4 rows
     with no "few" entry take the "skinny" one: a 16-row tile costs what one row costs (an H100 replayed 70B's
     decode at 2-4 rows in 20.6-20.9 ms on the default config against 18.9-19.5 at 8-16 on the tuned one, run 31)."""
-    cfg = None
-    if device.type == "cuda":
-        table, key = _device_table(device.index or 0).get("awq_kmajor", {}), tuned_key(n, k, group_size)
-        cfg = table.get(row_bucket(m), {}).get(key)
-        if cfg is None and row_bucket(m) == "few":
-            cfg = table.get("skinny", {}).get(key)
+    bucket, key = row_bucket(m), tuned_key(n, k, group_size)
+    cfg = tuned_entry(device, "awq_kmajor", bucket, key)
+    if cfg is None and bucket == "few":
+        cfg = tuned_entry(device, "awq_kmajor", "skinny", key)
     if cfg is None or (cfg[0] != "dequant" and m > MMA_MAX_ROWS):
         cfg = default_mma_config(m)
     return cfg

@@ -33,7 +33,7 @@ import triton
 import triton.language as tl
 
 from tachyon.kernels import pdl
-from tachyon.kernels.quant_linear import _device_table, _int8_to_float, row_bucket, tuned_key
+from tachyon.kernels.quant_linear import _int8_to_float, row_bucket, tuned_entry, tuned_key
 from tachyon.kernels.quant_ref import SCALED_QMAX, check_scaled_args, quantize_rows_ref, scaled_linear_ref  # noqa: F401
 from tachyon.kernels.splits import finish_split, num_sms, output_buffer, split_counters, split_k, sum_splits
 
@@ -63,8 +63,7 @@ def default_scaled_config(x: torch.Tensor, weight: torch.Tensor) -> tuple:
     m = x.shape[0]
     if weight.is_cuda:
         fmt = "fp8" if weight.dtype == torch.float8_e4m3fn else "w8a8"
-        cfg = _device_table(weight.device.index or 0).get(fmt, {}).get(row_bucket(m), {}).get(
-            tuned_key(*weight.shape))
+        cfg = tuned_entry(weight.device, fmt, row_bucket(m), tuned_key(*weight.shape))
         if cfg is not None and (cfg[0] != "cublas" or cublas_takes(x, weight)) and (
                 cfg[0] not in ("dot", "qdot") or m <= MAX_ROW_WALK_ROWS):
             return cfg
