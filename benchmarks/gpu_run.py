@@ -359,10 +359,84 @@ def _triton_compiled() -> int:
     return n
 
 
-def run_poisson(llm, reqs, rate: float, seed: int = 0) -> dict:
+class DeviceTimeline:
+    """CUDA events around each runner.submit: a step's device time (its first kernel to the copy of its sampled
+    ids) and the device's idle time before it, by kind (decode: one token a sequence; mixed: prompt tokens too).
+    Unlike the host time of engine.step, which waits on the oldest step in flight, these belong to the step."""
+
+    def __init__(self, runner):
+        self.runner, self.orig, self.steps = runner, runner.submit, []
+
+        def submit(sched):
+            s = torch.cuda.Event(enable_timing=True)
+            s.record()
+            h = self.orig(sched)
+            e = torch.cuda.Event(enable_timing=True)
+            e.record()
+            n = sum(x.num_new_tokens for x in sched.seqs)
+            self.steps.append((s, e, n, sum(x.num_new_tokens == 1 for x in sched.seqs)))
+            return h
+
+        runner.submit = submit
+
+    def close(self) -> dict:
+        del self.runner.submit
+        torch.cuda.synchronize()
+        rows = [(s.elapsed_time(e), tok, nd) for s, e, tok, nd in self.steps]
+        gaps = [a[0].elapsed_time(b[0]) for a, b in zip(self.steps, self.steps[1:], strict=False)]  # start to next start
+        idle = [max(0.0, g - d) for g, (d, _, _) in zip(gaps, rows, strict=False)]
+        busy = sum(d for d, _, _ in rows)
+
+        def summary(sel):
+            ds = [d for d, tok, nd in sel]
+            return {"count": len(ds), "mean_device_ms": round(float(np.mean(ds)), 3) if ds else None,
+                    "p50": round(float(np.median(ds)), 3) if ds else None,
+                    "mean_tokens": round(float(np.mean([tok for _, tok, _ in sel])), 1) if sel else None}
+
+        dec = [r for r in rows if r[1] and r[1] == r[2]]
+        mixed = [r for r in rows if r[1] and r[1] != r[2]]
+        by_batch = {}
+        for lo, hi in ((1, 16), (17, 32), (33, 48), (49, 64), (65, 128), (129, 256)):
+            sel = [r for r in dec if lo <= r[2] <= hi]
+            if sel:
+                by_batch[f"{lo}-{hi}"] = summary(sel)
+        by_tokens = {}
+        for lo, hi in ((2, 256), (257, 600), (601, 1200), (1201, 8192)):
+            sel = [r for r in mixed if lo <= r[1] <= hi]
+            if sel:
+                by_tokens[f"{lo}-{hi}"] = summary(sel)
+        span = self.steps[0][0].elapsed_time(self.steps[-1][1]) if self.steps else 0.0
+        return {"steps": len(rows), "span_ms": round(span, 1), "busy_ms": round(busy, 1),
+                "idle_ms": round(sum(idle), 1), "idle_gaps_over_1ms": sum(g > 1.0 for g in idle),
+                "decode": summary(dec), "decode_by_batch": by_batch, "mixed": summary(mixed),
+                "mixed_by_tokens": by_tokens}
+
+
+def poisson_kernel_window(llm, steps: int = 40) -> tuple:
+    """A torch profiler over the next `steps` engine steps of a run in progress: (start, stop, summary)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    prof = profile(activities=[ProfilerActivity.CUDA, ProfilerActivity.CPU])
+
+    def summary() -> dict:
+        rows = []
+        for ev in prof.key_averages():
+            t = getattr(ev, "device_time_total", None) or getattr(ev, "cuda_time_total", 0)
+            if t > 0 and ev.key:
+                rows.append((ev.key[:90], t / 1e3, ev.count))
+        rows.sort(key=lambda r: -r[1])
+        return {"steps": steps, "total_kernel_ms": round(sum(r[1] for r in rows), 2),
+                "kernels": [{"name": k, "ms": round(ms, 3), "count": c} for k, ms, c in rows[:40]]}
+
+    return prof, summary
+
+
+def run_poisson(llm, reqs, rate: float, seed: int = 0, timeline: bool = False) -> dict:
     """Requests arrive as a Poisson process of `rate` per second (in-process: the engine's own latency, no
     HTTP or IPC); arrival times are the schedule's, so a request the host admits late counts its wait.
-    Also the step trace (host seconds per engine.step by kind), GC pauses and Triton compiles during the run."""
+    Also the step trace (host seconds per engine.step by kind), GC pauses and Triton compiles during the run;
+    with `timeline`, each step's device time and the device's idle time (DeviceTimeline) and a kernel profile
+    of 40 steps from the middle of the run."""
     eng = llm.engine
     rng = np.random.default_rng(seed)
     gaps = rng.exponential(1.0 / rate, len(reqs))
@@ -388,12 +462,21 @@ def run_poisson(llm, reqs, rate: float, seed: int = 0) -> dict:
     gc.callbacks.append(on_gc)
     compiled0 = _triton_compiled()
     res = {}
+    tl = DeviceTimeline(eng.runner) if timeline else None
+    prof, prof_summary = poisson_kernel_window(llm) if timeline else (None, None)
+    prof_steps = []  # the trace indices the profiler saw
     t0 = time.monotonic()
     arrivals = t0 + np.cumsum(gaps)
     i = 0
     try:
         with torch.inference_mode():
             while i < len(reqs) or eng.has_unfinished_requests():
+                if prof is not None and i >= len(reqs) // 2 and not prof_steps:
+                    prof.start()
+                    prof_steps.append(len(trace))
+                elif prof is not None and len(prof_steps) == 1 and len(trace) >= prof_steps[0] + 40:
+                    prof.stop()
+                    prof_steps.append(len(trace))
                 now = time.monotonic()
                 while i < len(reqs) and arrivals[i] <= now:
                     r = reqs[i]
@@ -416,6 +499,10 @@ def run_poisson(llm, reqs, rate: float, seed: int = 0) -> dict:
     finally:
         del sched.schedule
         gc.callbacks.remove(on_gc)
+        timeline_out = tl.close() if tl is not None else None
+        if prof is not None and len(prof_steps) == 1:
+            prof.stop()
+            prof_steps.append(len(trace))
     ttft, e2el, tpot = (np.array(v) * 1e3 for v in zip(*res.values(), strict=True))
     dur = max(t + w for t, w, *_ in trace)
 
@@ -440,7 +527,12 @@ def run_poisson(llm, reqs, rate: float, seed: int = 0) -> dict:
             "gc": {"collections": len(gc_pauses), "gen2": sum(g == 2 for g, _ in gc_pauses),
                    "max_ms": round(1e3 * max((p for _, p in gc_pauses), default=0.0), 2),
                    "total_ms": round(1e3 * sum(p for _, p in gc_pauses), 2)},
-            "triton_compiles_during_run": _triton_compiled() - compiled0}
+            "triton_compiles_during_run": _triton_compiled() - compiled0,
+            **({"device_timeline": timeline_out} if timeline_out is not None else {}),
+            **({"kernel_window": {**prof_summary(), "trace_steps": prof_steps,
+                                  "step_kinds": [("decode" if tok == nd else "mixed", tok)
+                                                 for _, _, tok, nd in trace[prof_steps[0]:prof_steps[1]]]}}
+               if len(prof_steps) == 2 else {})}
 
 
 def _recapture_piecewise(llm, sizes: list[int] | None) -> float:
@@ -848,7 +940,7 @@ def cmd_perf(args) -> dict:
             if name == "fine_depth2":  # one step in flight behind the one the host prepares, not two
                 sc.num_scheduler_steps = 2
             try:
-                r = run_poisson(llm, reqs, args.poisson_rate)
+                r = run_poisson(llm, reqs, args.poisson_rate, timeline=args.poisson_timeline)
             finally:
                 sc.num_scheduler_steps = depth
             r["capture_s"] = cap
@@ -859,7 +951,7 @@ def cmd_perf(args) -> dict:
         llm.engine.kv.enable_prefix_caching = True
     if "floor" in wl:
         try:
-            out["decode_floor"] = [decode_floor(llm, b, c) for b, c in ((1, 768), (4, 640), (16, 640), (64, 640),
+            out["decode_floor"] = [decode_floor(llm, b, c) for b, c in ((1, 768), (4, 640), (16, 640), (40, 640), (64, 640),
                                                                         (256, 640), (256, 768))]
         except Exception:
             out["decode_floor"] = {"error": traceback.format_exc()}
@@ -897,6 +989,9 @@ def main():
     ap.add_argument("--poisson-prompts", type=int, default=400)
     ap.add_argument("--poisson-variants", default="fine,coarse,eager",
                     help="perf/poisson: piecewise bucket policies to run (fine: the default; coarse: run 20's)")
+    ap.add_argument("--poisson-timeline", action="store_true",
+                    help="perf/poisson: each step's device time and the idle time between steps (CUDA events), "
+                         "and a kernel profile of 40 steps mid-run")
     ap.add_argument("--hf-concurrency", default="1,4,16,64,256")
     ap.add_argument("--hf-out", type=int, default=256)
     ap.add_argument("--greedy-only", action="store_true", help="correctness: skip the Triton-vs-torch logits check")
