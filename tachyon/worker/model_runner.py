@@ -500,6 +500,11 @@ class ModelRunner:
                 self.piecewise_graphs = None
                 torch.cuda.synchronize()
             self.timings["piecewise_graph_capture_s"] = time.perf_counter() - t0
+            if self.piecewise_graphs is not None and self.piecewise_graphs.calibration:
+                c = self.piecewise_graphs.calibration
+                logger.info("mixed steps from %d tokens run eagerly at their own size where a bucket pads them "
+                            "(%.4f ms a token on the device, %.1f ms to launch an eager forward)", c["eager_from"],
+                            c["per_token_ms"], c["launch_ms"])
 
     def _compile_decode_variants(self) -> None:
         """Eager steps pick the decode split count from the batch; compile every variant now, not mid-run."""

@@ -10,6 +10,10 @@ take T padded up to the bucket (padding rows: token 0, position 0, slot -1, so t
 attention kernels between them read the real T rows and the real block tables, query starts and context
 lengths. A step costs L + 1 graph launches and the attention launches instead of every kernel of the model.
 
+A step large enough that its own device time hides the host's launches of an eager forward (eager_from,
+measured at capture) and that its bucket would pad runs eagerly at its own size instead: there the padding
+rows cost compute and the graph saves nothing.
+
 Capture runs the model's own forward with a backend that ends the current graph where attention would run,
 notes the piece's query tensor (an address the next replay writes again) and begins the next graph.
 """
@@ -17,6 +21,8 @@ notes the piece's query tensor (an address the next replay writes again) and beg
 from __future__ import annotations
 
 import bisect
+import math
+import time
 
 import numpy as np
 import torch
@@ -37,6 +43,23 @@ def piecewise_buckets(max_tokens: int, per_octave: int = 8) -> list[int]:
             step = s // per_octave
         s += step
     return sizes + [max_tokens]
+
+
+def eager_from(per_token_ms: float, launch_ms: float, hide: float = 2.0) -> int:
+    """The smallest step (tokens) whose own device time hides the host's launches of an eager forward `hide` times
+    over: per_token_ms, a compute-bound step's device time per token; launch_ms, the host's time to queue an eager
+    forward's kernels. From there on, an exact-size eager step costs its own tokens, where a graph costs its
+    bucket's (a burst of 12 prompts of 512 plus a decode, 6,145 tokens, replays the 6,656 bucket: 8% more work)."""
+    if per_token_ms <= 0:
+        return 1 << 62
+    return max(1, math.ceil(hide * launch_ms / per_token_ms))
+
+
+def eager_wins(num_tokens: int, bucket: int, eager_from_tokens: int, min_padding: float = 1 / 64) -> bool:
+    """Whether a step of num_tokens runs eagerly at its own size rather than replaying `bucket`'s graphs: its
+    launches hide behind its own device time and the bucket pads it by more than min_padding (a graph also saves
+    the gaps between kernels, which is worth a little padding)."""
+    return num_tokens >= eager_from_tokens and bucket - num_tokens > min_padding * bucket
 
 
 class _Piece:
@@ -117,6 +140,9 @@ class PiecewiseGraphs:
         self.slot_mapping = torch.full((T,), -1, dtype=torch.long, device=dev)
         self.buckets: dict[int, _Bucket] = {}
         self.pool = None
+        # from how many tokens a step whose bucket pads it runs eagerly at its own size (measured by capture)
+        self.eager_from = 1 << 62
+        self.calibration: dict[str, float] = {}
         # one query and one attention output for every layer and bucket: graph i+1 reads layer i's output
         # (and attention i its query) before anything writes them again
         self._shared: dict[str, torch.Tensor] = {}
@@ -154,7 +180,30 @@ class PiecewiseGraphs:
                 self.buckets[T] = _Bucket(T, backend.graphs, backend.pieces, hidden)
         torch.cuda.current_stream().wait_stream(stream)
         torch.cuda.synchronize()
+        self._calibrate_eager()
         return self
+
+    def _calibrate_eager(self) -> None:
+        """Time the largest bucket's work per token on the device and the host's launches of an eager forward
+        of an odd size (which also compiles the Triton variants such sizes take, so no step compiles mid-run):
+        from eager_from() tokens on, a step the buckets pad runs eagerly at its own size."""
+        T = self.sizes[-1] - 1
+        if T < 17:
+            return
+        launch = []
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        for _ in range(3):  # the first compiles; the host's time of the last two counts
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            start.record()
+            self._forward(T, capturing=False)
+            launch.append(time.perf_counter() - t0)
+            end.record()
+            torch.cuda.synchronize()
+        per_token_ms = start.elapsed_time(end) / T
+        launch_ms = 1e3 * min(launch[1:])
+        self.eager_from = eager_from(per_token_ms, launch_ms)
+        self.calibration = {"per_token_ms": per_token_ms, "launch_ms": launch_ms, "eager_from": self.eager_from}
 
     def _forward(self, T: int, capturing: bool, backend: _CaptureBackend | None = None) -> torch.Tensor:
         r = self.runner
@@ -168,7 +217,11 @@ class PiecewiseGraphs:
         return self.sizes[-1]
 
     def fits(self, num_tokens: int) -> bool:
-        return num_tokens <= self.sizes[-1]
+        """Whether a step of num_tokens replays graphs: it fits a bucket, and not one that pads it more than an
+        exact-size eager step costs (eager_wins)."""
+        if num_tokens > self.sizes[-1]:
+            return False
+        return not eager_wins(num_tokens, self.sizes[bisect.bisect_left(self.sizes, num_tokens)], self.eager_from)
 
     def replay(self, input_ids: torch.Tensor, positions: np.ndarray, slots: np.ndarray,
                meta: AttentionMetadata) -> torch.Tensor:

@@ -36,3 +36,36 @@ def test_mixed_steps_in_piecewise_graphs_match_transformers(tmp_path):
     assert len(replays) >= len(prompts) and any(n > 32 for n in replays) and any(n < 16 for n in replays)
     eng.check_integrity()
     assert eng.kv.num_free_blocks == eng.kv.num_blocks
+
+
+def test_padded_steps_run_eagerly_at_their_own_size_and_match_transformers(tmp_path):
+    hf = make_tiny_checkpoint("llama", str(tmp_path), seed=7)
+    llm = LLM(model=str(tmp_path), dtype="float32", num_kv_blocks=256, block_size=16, swap_space=0,
+              max_num_batched_tokens=64, max_model_len=256)
+    pw = llm.engine.runner.piecewise_graphs
+    assert pw.calibration["eager_from"] >= 1 and pw.calibration["launch_ms"] > 0  # measured at capture
+    pw.eager_from = 17  # a tiny model's steps never hide their launches: make every padded step from 17 eager
+    replays, eager = [], []
+    real_replay, real_model = pw.replay, llm.engine.runner.model.forward
+    pw.replay = lambda ids, pos, slots, meta: replays.append(len(pos)) or real_replay(ids, pos, slots, meta)
+
+    def model(ids, *a, **k):
+        eager.append(ids.shape[0])
+        return real_model(ids, *a, **k)
+
+    llm.engine.runner.model.forward = model
+    eng = llm.engine
+    prompts = [[5 + (5 * i + 3 * j) % 400 for j in range(n)] for i, n in enumerate((3, 21, 40, 90, 7, 33))]
+    done = {}
+    pending = list(enumerate(prompts))
+    while pending or eng.has_unfinished_requests():
+        if pending:
+            i, p = pending.pop(0)
+            eng.add_request(f"r{i}", None, p, SamplingParams(temperature=0, max_tokens=12, ignore_eos=True))
+        done.update({o.request_id: o.outputs[0].token_ids for o in eng.step() if o.finished})
+    for i, p in enumerate(prompts):
+        assert done[f"r{i}"] == hf_greedy(hf, p, 12), i
+    assert any(n > 17 and n % 16 for n in eager), eager  # padded sizes ran eagerly
+    assert all(n < 17 or n % 16 == 0 for n in replays), replays  # only exact buckets (or small steps) replayed
+    eng.check_integrity()
+    assert eng.kv.num_free_blocks == eng.kv.num_blocks

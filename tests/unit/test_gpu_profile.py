@@ -19,3 +19,4 @@ def test_a_peak_under_the_resident_bytes_is_no_negative_activation():
     b = kv_budget_bytes(total=80 * GiB, utilization=1.0, non_torch=0, resident=10 * GiB, peak=9 * GiB, scratch=0,
                         graph_pool=True)
     assert b == 70 * GiB - (256 << 20)
+
