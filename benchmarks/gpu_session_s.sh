@@ -1,5 +1,8 @@
 #!/usr/bin/env bash
 # Session 2026-12-07b, in parts (PARTS, in the order given):
+#   tests13: the GPU tests of the piecewise graphs (padded steps run eagerly at their own size) and decode graphs
+#   serve13: `tachyon serve` llama3-8b measured by vLLM's client and `tachyon bench serve`, c16 and Poisson 20
+#            req/s (LOADS13), as issue 13's run 22 (carry .whl and .peer-bench)
 #   diag13: issue 13's Poisson point in-process (llama3-8b bf16, 20 req/s, 512 in / 256 out) with the device
 #           timeline (each step's device time, the idle time between steps, a kernel profile of 40 steps mid-run)
 #           and the decode floor (graph replays at batch x context), to split run 22's 7.01 ms TPOT into decode
@@ -31,6 +34,13 @@ for k in (p.get("kernel_window") or {}).get("kernels", [])[:14]:
     print(k)
 PY
       ;;
+    tests13)
+      gpu_tests ${TESTS_S:-150} tests/kernels/test_piecewise_graphs.py ;;
+    serve13)  # carry .whl and .peer-bench: vLLM's client then `tachyon bench serve`, c16 and Poisson 20 req/s
+      [ $SECONDS -lt $((END - 200)) ] || { echo "== serve13: no time left"; continue; }
+      PEER=1 LOADS="${LOADS13:-c16 poisson20}" timeout $((END - SECONDS - 20)) bash benchmarks/h200_serve.sh \
+        2>&1 | tail -30
+      grep -iE "eagerly|error" "$OUT/server.log" | head -5; mv "$OUT/server.log" "$OUT/server13.log" ;;
     70b)
       tune_kmajor 70b_m64 ${TUNE70_S:-120} --models llama3-70b --rows 64,256
       perf_run 70b_awq --model llama3-70b --quantization awq --workloads single,sweep \
