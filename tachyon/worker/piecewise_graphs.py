@@ -203,6 +203,10 @@ class PiecewiseGraphs:
         per_token_ms = start.elapsed_time(end) / T
         launch_ms = 1e3 * min(launch[1:])
         self.eager_from = eager_from(per_token_ms, launch_ms)
+        tp = self.runner.tp
+        if tp is not None:  # every rank takes the same path (the graphs' all-reduces are the bucket's size): the
+            # most cautious rank's threshold
+            self.eager_from = -tp.min_over_ranks(-min(self.eager_from, 1 << 40))
         self.calibration = {"per_token_ms": per_token_ms, "launch_ms": launch_ms, "eager_from": self.eager_from}
 
     def _forward(self, T: int, capturing: bool, backend: _CaptureBackend | None = None) -> torch.Tensor:
