@@ -502,6 +502,8 @@ class ModelRunner:
             self.timings["piecewise_graph_capture_s"] = time.perf_counter() - t0
             if self.piecewise_graphs is not None and self.piecewise_graphs.calibration:
                 c = self.piecewise_graphs.calibration
+                self.timings["piecewise_eager_from_tokens"] = float(c["eager_from"])
+                self.timings["eager_launch_ms"] = c["launch_ms"]
                 logger.info("mixed steps from %d tokens run eagerly at their own size where a bucket pads them "
                             "(%.4f ms a token on the device, %.1f ms to launch an eager forward)", c["eager_from"],
                             c["per_token_ms"], c["launch_ms"])
