@@ -412,6 +412,17 @@ class DeviceTimeline:
                 "mixed_by_tokens": by_tokens}
 
 
+def kernel_rows(prof) -> list[tuple[str, float, int]]:
+    """A torch profiler's events with device time: (name, ms, count), the longest first."""
+    rows = []
+    for ev in prof.key_averages():
+        t = getattr(ev, "device_time_total", None) or getattr(ev, "cuda_time_total", 0)
+        if t > 0 and ev.key and not ev.key.startswith("ProfilerStep"):
+            rows.append((ev.key[:90], t / 1e3, ev.count))
+    rows.sort(key=lambda r: -r[1])
+    return rows
+
+
 def poisson_kernel_window(llm, steps: int = 40) -> tuple:
     """A torch profiler over the next `steps` engine steps of a run in progress: (start, stop, summary)."""
     from torch.profiler import ProfilerActivity, profile
@@ -419,12 +430,7 @@ def poisson_kernel_window(llm, steps: int = 40) -> tuple:
     prof = profile(activities=[ProfilerActivity.CUDA, ProfilerActivity.CPU])
 
     def summary() -> dict:
-        rows = []
-        for ev in prof.key_averages():
-            t = getattr(ev, "device_time_total", None) or getattr(ev, "cuda_time_total", 0)
-            if t > 0 and ev.key:
-                rows.append((ev.key[:90], t / 1e3, ev.count))
-        rows.sort(key=lambda r: -r[1])
+        rows = kernel_rows(prof)
         return {"steps": steps, "total_kernel_ms": round(sum(r[1] for r in rows), 2),
                 "kernels": [{"name": k, "ms": round(ms, 3), "count": c} for k, ms, c in rows[:40]]}
 
@@ -567,12 +573,7 @@ def graph_kernel_profile(llm, batch: int) -> dict:
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         graph.replay()
         torch.cuda.synchronize()
-    rows = []
-    for ev in prof.key_averages():
-        t = getattr(ev, "device_time_total", None) or getattr(ev, "cuda_time_total", 0)
-        if t > 0 and ev.key:
-            rows.append((ev.key[:90], t / 1e3, ev.count))
-    rows.sort(key=lambda r: -r[1])
+    rows = kernel_rows(prof)
     return {"batch": batch, "total_kernel_ms": sum(r[1] for r in rows), "num_kernels": sum(r[2] for r in rows),
             "kernels": [{"name": k, "ms": round(ms, 4), "count": c} for k, ms, c in rows[:25]]}
 
@@ -603,12 +604,7 @@ def step_kernel_profile(llm, req, tokens: int = 32) -> dict:
             torch.cuda.synchronize()
         steps = got - start
         advance(1 << 30)
-    rows = []
-    for ev in prof.key_averages():
-        t = getattr(ev, "device_time_total", None) or getattr(ev, "cuda_time_total", 0)
-        if t > 0 and ev.key:
-            rows.append((ev.key[:90], t / 1e3 / max(steps, 1), ev.count / max(steps, 1)))
-    rows.sort(key=lambda r: -r[1])
+    rows = [(k, ms / max(steps, 1), c / max(steps, 1)) for k, ms, c in kernel_rows(prof)]
     return {"batch": 1, "decode_steps": steps, "total_kernel_ms": sum(r[1] for r in rows),
             "num_kernels": sum(r[2] for r in rows), "per": "decode step (mean over the profiled steps)",
             "kernels": [{"name": k, "ms": round(ms, 4), "count": round(c, 2)} for k, ms, c in rows[:25]]}
@@ -737,13 +733,7 @@ def step_profile(llm, batch: int, ctx: int, prefill_seqs: int, prefill_len: int)
             runner.collect(runner.submit(SchedulerOutput(seqs=seqs)))
             torch.cuda.synchronize()
         runner.cuda_graphs = graphs
-        rows = []
-        total = 0.0
-        for ev in prof.key_averages():
-            t = getattr(ev, "device_time_total", None) or getattr(ev, "cuda_time_total", 0)
-            if t > 0 and ev.key and not ev.key.startswith("ProfilerStep"):
-                rows.append((ev.key[:90], t / 1e3, ev.count))
-        rows.sort(key=lambda r: -r[1])
+        rows = kernel_rows(prof)
         total = sum(r[1] for r in rows)
         res[name] = {"batch": len(seqs), "tokens": sum(n for _, n in seqs_spec), "total_kernel_ms": total,
                      "wall_ms": 1e3 * sorted(walls)[1],
