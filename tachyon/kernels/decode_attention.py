@@ -28,6 +28,16 @@ _LOG2E = 1.4426950408889634
 
 
 @triton.jit
+def _chunk(seq_len, NUM_SPLITS: tl.constexpr, BLOCK_N: tl.constexpr, MIN_CHUNK: tl.constexpr):
+    """Tokens per split of a context of seq_len: an even share of NUM_SPLITS rounded up to BLOCK_N, and with
+    MIN_CHUNK at least that (then a short context uses fewer splits; the programs past it exit)."""
+    chunk = tl.maximum(tl.cdiv(tl.cdiv(seq_len, NUM_SPLITS), BLOCK_N), 1) * BLOCK_N
+    if MIN_CHUNK > 0:
+        chunk = tl.maximum(chunk, MIN_CHUNK)
+    return chunk
+
+
+@triton.jit
 def _decode_split_kernel(
     q_ptr, kc_ptr, vc_ptr, bt_ptr, seq_lens_ptr, mid_o_ptr, mid_lse_ptr,
     stride_qt, stride_qh,
@@ -42,13 +52,14 @@ def _decode_split_kernel(
     out_ptr, stride_ot, stride_oh,
     DIRECT: tl.constexpr,  # one split: write the final output here, no stage 2
     PDL: tl.constexpr = False,
+    MIN_CHUNK: tl.constexpr = 0,  # > 0: no split shorter than this (a short context takes fewer splits)
 ):
     pdl.enter(PDL)
     b = tl.program_id(0).to(tl.int64)
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
     seq_len = tl.load(seq_lens_ptr + b)
-    chunk = tl.maximum(tl.cdiv(tl.cdiv(seq_len, NUM_SPLITS), BLOCK_N), 1) * BLOCK_N
+    chunk = _chunk(seq_len, NUM_SPLITS, BLOCK_N, MIN_CHUNK)
     start = split * chunk
 
     g = tl.arange(0, BLOCK_G)
@@ -93,6 +104,12 @@ def _decode_split_kernel(
                  (acc * (v_scale / l_sum)[:, None]).to(out_ptr.dtype.element_ty),
                  mask=g_mask[:, None] & d_mask[None, :])
         return
+    if MIN_CHUNK > 0:
+        if seq_len <= chunk:  # the context fits one split: it writes the output, stage 2 skips this sequence
+            tl.store(out_ptr + b * stride_ot + head[:, None] * stride_oh + d[None, :],
+                     (acc * (v_scale / l_sum)[:, None]).to(out_ptr.dtype.element_ty),
+                     mask=g_mask[:, None] & d_mask[None, :])
+            return
     o_ptrs = mid_o_ptr + b * stride_mo_b + head[:, None] * stride_mo_h + split * stride_mo_s + d[None, :]
     tl.store(o_ptrs, acc * (v_scale / l_sum)[:, None], mask=g_mask[:, None] & d_mask[None, :])
     tl.store(mid_lse_ptr + b * stride_ml_b + head * stride_ml_h + split, m + tl.log2(l_sum), mask=g_mask)
@@ -107,13 +124,16 @@ def _decode_reduce_kernel(
     HEAD_DIM: tl.constexpr, NUM_SPLITS: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr,
     PDL: tl.constexpr = False,
+    MIN_CHUNK: tl.constexpr = 0,
 ):
     pdl.enter(PDL)
     b = tl.program_id(0).to(tl.int64)
     head = tl.program_id(1)
     seq_len = tl.load(seq_lens_ptr + b)
-    chunk = tl.maximum(tl.cdiv(tl.cdiv(seq_len, NUM_SPLITS), BLOCK_N), 1) * BLOCK_N
+    chunk = _chunk(seq_len, NUM_SPLITS, BLOCK_N, MIN_CHUNK)
     num_valid = tl.cdiv(seq_len, chunk)  # splits that stage 1 wrote; 0 for a padding entry (seq_len 0)
+    if MIN_CHUNK > 0 and num_valid == 1:  # stage 1 wrote this sequence's output itself
+        return
 
     s = tl.arange(0, BLOCK_S)
     d = tl.arange(0, BLOCK_D)
@@ -149,6 +169,12 @@ def num_decode_splits(batch: int, num_kv_heads: int, max_seq_len: int, min_chunk
     return triton.next_power_of_2(max(1, min(want, fit, max_splits)))
 
 
+# No split shorter than this (0: an even share of num_splits whatever the context). Decode graphs fix num_splits
+# for the capture's context bound; at a Poisson load's ~640 tokens their 4 splits of ~3 tiles each left stage 1
+# latency-bound (H100: 1.75 TB/s of 3.0, benchmarks/results/h100/session_20261207b). 0 until a GPU run measures
+# which floor pays (benchmarks/decode_attention_sweep.py).
+DECODE_MIN_CHUNK = 0
+
 # Stage 1's (BLOCK_N, num_warps, num_stages) for 16-bit caches. H200, head_dim 128: a third stage took batch
 # 256 x 4k context from 4.04 to 4.43 TB/s and batch 64 from 3.86 to 4.10 (kernels_run2.json, sweeps)
 SPLIT_CONFIG_16BIT = (64, 4, 3)
@@ -163,7 +189,8 @@ def _split_config(dtype: torch.dtype) -> tuple[int, int, int]:
 
 def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
                      seq_lens: torch.Tensor, scale: float, max_seq_len: int, out: torch.Tensor | None = None,
-                     num_splits: int | None = None, k_scale: float = 1.0, v_scale: float = 1.0) -> torch.Tensor:
+                     num_splits: int | None = None, k_scale: float = 1.0, v_scale: float = 1.0,
+                     min_chunk: int | None = None) -> torch.Tensor:
     """Attention of one query token per sequence over its paged context.
 
     q: [B, Hq, D] (token b belongs to sequence b); caches: [num_blocks, block_size, Hkv, D];
@@ -172,6 +199,8 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     max_seq_len: a host-side upper bound on seq_lens (under CUDA graphs, the capture-time bound); it only
     chooses the number of splits. Writes into `out` ([B, Hq, D], may be a view) when given.
     k_scale, v_scale: what an fp8 cache's entries are multiplied by to give K and V (1.0 for 16-bit caches).
+    min_chunk: no split shorter than this many tokens (rounded up to the tile), so a short context uses fewer of
+    the num_splits (one: stage 1 writes its output and stage 2 skips it); None: DECODE_MIN_CHUNK.
     """
     B, Hq, D = q.shape
     Hkv, page = k_cache.shape[2], k_cache.shape[1]
@@ -187,6 +216,8 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     block_d = triton.next_power_of_2(D)
     block_n, num_warps, num_stages = _split_config(q.dtype)
     direct = num_splits == 1
+    min_chunk = DECODE_MIN_CHUNK if min_chunk is None else min_chunk
+    min_chunk = 0 if direct or min_chunk <= 0 else triton.cdiv(min_chunk, block_n) * block_n
     mid_o, mid_lse = _get_workspace(B, Hq, num_splits, D, q.device)
     _decode_split_kernel[(B, Hkv, num_splits)](
         q, k_cache, v_cache, block_tables, seq_lens, mid_o, mid_lse,
@@ -199,7 +230,7 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
         GROUP=group, HEAD_DIM=D, PAGE=page, NUM_SPLITS=num_splits,
         BLOCK_G=max(16, triton.next_power_of_2(group)), BLOCK_N=block_n, BLOCK_D=block_d,
         PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
-        out_ptr=out, stride_ot=out.stride(0), stride_oh=out.stride(1), DIRECT=direct,
+        out_ptr=out, stride_ot=out.stride(0), stride_oh=out.stride(1), DIRECT=direct, MIN_CHUNK=min_chunk,
         num_warps=num_warps, num_stages=num_stages, **pdl.launch_args(),
     )
     if direct:
@@ -211,6 +242,6 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
         out.stride(0), out.stride(1),
         HEAD_DIM=D, NUM_SPLITS=num_splits, BLOCK_N=block_n,
         BLOCK_S=triton.next_power_of_2(num_splits), BLOCK_D=block_d,
-        num_warps=4 if num_splits * block_d >= 2048 else 2, **pdl.launch_args(),
+        num_warps=4 if num_splits * block_d >= 2048 else 2, MIN_CHUNK=min_chunk, **pdl.launch_args(),
     )
     return out

@@ -45,6 +45,22 @@ def test_decode_attention_splits(make_batch, rel_err, num_splits):
     assert rel_err(out, _reference(q, k_cache, v_cache, meta, 0.125)) <= TOL[torch.float32]
 
 
+@pytest.mark.parametrize("num_splits,min_chunk", [(4, 16), (8, 32), (4, 64), (8, 300)])
+def test_decode_attention_min_chunk(make_batch, rel_err, num_splits, min_chunk):
+    # contexts up to the floor take one split (which writes the output; stage 2 skips it), longer ones fewer
+    # splits than num_splits; a padding entry (seq_len 0) still comes out 0
+    seqs = [(1, n) for n in (1, 2, 16, 17, 40, 63, 64, 65, 300, 5)]
+    q, _, _, k_cache, v_cache, meta = make_batch(seqs, 8, 2, 64, torch.float32, seed=min_chunk)
+    seq_lens = meta.seq_lens.clone()
+    seq_lens[-1] = 0
+    out = _poisoned_like(q)
+    decode_attention(q, k_cache, v_cache, meta.block_tables, seq_lens, 0.125, 320, out=out, num_splits=num_splits,
+                     min_chunk=min_chunk)
+    ref = _reference(q, k_cache, v_cache, meta, 0.125)
+    assert rel_err(out[:-1], ref[:-1]) <= TOL[torch.float32]
+    assert torch.equal(out[-1], torch.zeros_like(out[-1]))
+
+
 @pytest.mark.parametrize("num_splits", [None, 1])  # 1: stage 1 writes the output itself
 def test_decode_attention_padding_entries(make_batch, rel_err, num_splits):
     # a CUDA-graph batch padded with seq_len 0 entries: those rows come out 0, the others are unaffected
@@ -98,3 +114,20 @@ def test_backend_matches_torch_backend(make_batch, rel_err, dtype, num_q_heads, 
 
 def test_backend_name():
     assert TritonAttentionBackend.name == "triton"
+
+
+def test_decode_attention_sweep_runs_end_to_end(tmp_path, monkeypatch):
+    # benchmarks/decode_attention_sweep.py on tiny shapes (the GPU run has one shot at it): every variant it
+    # times agrees with one split, and the JSON says which was fastest
+    import json
+    import sys
+
+    from benchmarks import decode_attention_sweep
+
+    out = tmp_path / "sweep.json"
+    monkeypatch.setattr(sys, "argv", ["decode_attention_sweep.py", "--smoke", "--out", str(out)])
+    decode_attention_sweep.main()
+    (row,) = json.loads(out.read_text())["rows"]
+    assert row["max_err"] < 1e-5 and row["best"] in row["us"]
+    gs = row["graph_splits"]  # 16 for 2 sequences under a 4,096-token bound
+    assert {f"graph s{gs}", "s1", "s2", "s8", f"graph s{gs} min256", f"graph s{gs} cfg(32, 4, 3)"} <= set(row["us"])
