@@ -73,6 +73,11 @@ MMA_CONFIGS = [(256, 16, 0, 2, 3), (128, 16, 0, 4, 3), (128, 16, 0, 2, 3), (64, 
 DIRECT_CONFIGS = [("direct", 128, 64, 0, 4, 3), ("direct", 128, 64, 0, 4, 4), ("direct", 256, 64, 0, 8, 3),
                   ("direct", 128, 32, 0, 4, 3), ("direct", 256, 32, 0, 4, 3), ("direct", 64, 32, 0, 2, 3),
                   ("direct", 128, 16, 0, 2, 3)]
+# the untuned default from 17 rows: on an H100 at 64 rows (benchmarks/results/h100/session_20261207b) it ran
+# llama3-70b's four layers on average 1.06x each one's best config and 1.5-1.6x faster than MMA_CONFIGS[0] (the
+# epilogue kernel is compute-bound there: the H200's run-32 times matched the H100's within 2%), llama3-8b's 1.30x
+# the best (1.5-2.8x faster than MMA_CONFIGS[0]); the 70B 64-row step replayed in 39.1 ms instead of 57.0
+DIRECT_DEFAULT = ("direct", 256, 32, 0, 4, 3)
 # above this many rows the weight is dequantized once and multiplied by cuBLAS ("dequant"): on the H200 (run 29)
 # 16-row tiles over the rows beat the taller tiles at 64 rows and dequant + cuBLAS wins from ~80 rows
 MMA_MAX_ROWS = 64
@@ -393,8 +398,11 @@ def _kmajor_walk_kernel(
 
 
 def default_mma_config(m: int) -> tuple:
-    """The config for m rows where no tuned one is known: 16-row tiles up to MMA_MAX_ROWS, then dequant + cuBLAS."""
-    return MMA_CONFIGS[0] if m <= MMA_MAX_ROWS else ("dequant",)
+    """The config for m rows where no tuned one is known: 16-row tiles up to 16 rows, the direct variant's 32-row
+    tiles up to MMA_MAX_ROWS, then dequant + cuBLAS."""
+    if m <= 16:
+        return MMA_CONFIGS[0]
+    return DIRECT_DEFAULT if m <= MMA_MAX_ROWS else ("dequant",)
 
 
 def _asm(device: torch.device) -> bool:

@@ -7,7 +7,9 @@ import torch
 
 from tachyon.kernels.awq_mma import (
     DIRECT_CONFIGS,
+    DIRECT_DEFAULT,
     MMA_CONFIGS,
+    MMA_MAX_ROWS,
     NATURAL_CONFIGS,
     WALK_CONFIGS,
     WALK_MAX_ROWS,
@@ -158,9 +160,17 @@ def test_kmajor_linear_takes_the_tuned_config_within_its_rows(device, rel_err, m
     assert ql.kmajor_config(100, 64, 256, 64, cuda) == ("dequant",)  # past the rows a tile entry serves
     assert ql.kmajor_config(9, 64, 512, 64, cuda) == MMA_CONFIGS[0]  # another shape: the default
     assert ql.kmajor_config(9, 64, 256, 64, torch.device("cpu")) == MMA_CONFIGS[0]
+    assert ql.kmajor_config(40, 64, 512, 64, cuda) == DIRECT_DEFAULT  # untuned, 17-64 rows: the direct tiles
     x, qw, qz, s, b = _case(256, 64, 64, 3, torch.float16, device, bias=True)
     ref = awq_linear_ref(x, qw, qz, s, 64, b)
     assert rel_err(ql.awq_kmajor_linear(x, pack_int4_kmajor(qw), qz, s, 64, b), ref) <= 2e-3
+
+
+def test_untuned_rows_take_16_row_tiles_then_the_direct_tiles_then_dequant():
+    assert default_mma_config(1) == default_mma_config(16) == MMA_CONFIGS[0]
+    assert default_mma_config(17) == default_mma_config(MMA_MAX_ROWS) == DIRECT_DEFAULT
+    assert DIRECT_DEFAULT in DIRECT_CONFIGS  # the tuner times it, and the kernel's direct path runs it
+    assert default_mma_config(MMA_MAX_ROWS + 1) == ("dequant",)
 
 
 def _committed_tables():
