@@ -437,12 +437,13 @@ def poisson_kernel_window(llm, steps: int = 40) -> tuple:
     return prof, summary
 
 
-def run_poisson(llm, reqs, rate: float, seed: int = 0, timeline: bool = False) -> dict:
+def run_poisson(llm, reqs, rate: float, seed: int = 0, timeline: bool = False, kernel_window: bool = False) -> dict:
     """Requests arrive as a Poisson process of `rate` per second (in-process: the engine's own latency, no
     HTTP or IPC); arrival times are the schedule's, so a request the host admits late counts its wait.
     Also the step trace (host seconds per engine.step by kind), GC pauses and Triton compiles during the run;
-    with `timeline`, each step's device time and the device's idle time (DeviceTimeline) and a kernel profile
-    of 40 steps from the middle of the run."""
+    with `timeline`, each step's device time and the device's idle time (DeviceTimeline); with `kernel_window`, a
+    kernel profile of 40 steps from the middle of the run (starting the profiler stalls the run: its latencies are
+    then not comparable)."""
     eng = llm.engine
     rng = np.random.default_rng(seed)
     gaps = rng.exponential(1.0 / rate, len(reqs))
@@ -469,7 +470,7 @@ def run_poisson(llm, reqs, rate: float, seed: int = 0, timeline: bool = False) -
     compiled0 = _triton_compiled()
     res = {}
     tl = DeviceTimeline(eng.runner) if timeline else None
-    prof, prof_summary = poisson_kernel_window(llm) if timeline else (None, None)
+    prof, prof_summary = poisson_kernel_window(llm) if kernel_window else (None, None)
     prof_steps = []  # the trace indices the profiler saw
     t0 = time.monotonic()
     arrivals = t0 + np.cumsum(gaps)
@@ -930,7 +931,8 @@ def cmd_perf(args) -> dict:
             if name == "fine_depth2":  # one step in flight behind the one the host prepares, not two
                 sc.num_scheduler_steps = 2
             try:
-                r = run_poisson(llm, reqs, args.poisson_rate, timeline=args.poisson_timeline)
+                r = run_poisson(llm, reqs, args.poisson_rate, timeline=args.poisson_timeline,
+                                kernel_window=args.poisson_kernel_window)
             finally:
                 sc.num_scheduler_steps = depth
             r["capture_s"] = cap
@@ -980,8 +982,9 @@ def main():
     ap.add_argument("--poisson-variants", default="fine,coarse,eager",
                     help="perf/poisson: piecewise bucket policies to run (fine: the default; coarse: run 20's)")
     ap.add_argument("--poisson-timeline", action="store_true",
-                    help="perf/poisson: each step's device time and the idle time between steps (CUDA events), "
-                         "and a kernel profile of 40 steps mid-run")
+                    help="perf/poisson: each step's device time and the idle time between steps (CUDA events)")
+    ap.add_argument("--poisson-kernel-window", action="store_true",
+                    help="perf/poisson: a kernel profile of 40 steps mid-run (the profiler's start stalls the run)")
     ap.add_argument("--hf-concurrency", default="1,4,16,64,256")
     ap.add_argument("--hf-out", type=int, default=256)
     ap.add_argument("--greedy-only", action="store_true", help="correctness: skip the Triton-vs-torch logits check")

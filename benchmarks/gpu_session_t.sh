@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# Next after session 2026-12-07b (which ran on an H100; every bar is an H200 figure), in parts (PARTS, in order):
+#   attn:   benchmarks/decode_attention_sweep.py: decode attention's split counts, split floors (min_chunk) and tile
+#           configs where serving runs it (16-256 sequences x 640-4,096 tokens, CUDA-graph replays); the H100's
+#           Poisson profile had it at 1.92 ms of a 7.7 ms decode step (1.75 TB/s of 3.0). Pick DECODE_MIN_CHUNK
+#           (today 0) or the split policy from it, then re-run serve13
+#   serve13: `tachyon serve` llama3-8b, vLLM's client then `tachyon bench serve`, c16 and Poisson 20 req/s: issue
+#           13's table with the piecewise eager policy (H100: c16 p99 TTFT 228.5 -> 210-213 ms) (carry .whl and
+#           .peer-bench)
+#   diag13: in-process Poisson with the device timeline after a `single` warm-up (no kernel window: its start
+#           stalls the run), and the decode floor
+#   70b:    llama3-70b K-major tuning at 64/256 rows (the direct tiles, first time on an H200; the table holds the
+#           H100's picks), then 70B AWQ `single` + `sweep` 1/16/64/256 (run 32: 65.5; 61.9 / 511.8 / 587.6 / 813.2)
+#   q15:    issue 15: fp8/w8a8 GEMMs above 16 rows tuned on the card, fp8 `sweep` + `throughput`, fp8 + fp8 KV
+#           `throughput`, w8a8 and bf16 `throughput`
+# Usage (repo root, GPU machine): OUT=dir [END_S=560] PARTS="attn serve13" bash benchmarks/gpu_session_t.sh
+set -u
+export PYTHONPATH=.
+END=${END_S:-560}
+PARTS=${PARTS:-attn serve13}
+. benchmarks/gpu_lib.sh
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader > "$OUT/gpu.txt"; cat "$OUT/gpu.txt"
+for part in $PARTS; do
+  case $part in
+    attn)
+      timeout ${ATTN_S:-150} python benchmarks/decode_attention_sweep.py --budget-s $((${ATTN_S:-150} - 40)) \
+        --out "$OUT/decode_sweep.json" > "$OUT/decode_sweep.log" 2>&1
+      echo "decode sweep rc=$?"; grep -E "^B=" "$OUT/decode_sweep.log" | cut -c1-200 ;;
+    serve13)
+      [ $SECONDS -lt $((END - 200)) ] || { echo "== serve13: no time left"; continue; }
+      PEER=1 LOADS="${LOADS13:-c16 poisson20}" timeout $((END - SECONDS - 20)) bash benchmarks/h200_serve.sh \
+        2>&1 | grep -E "peer|Mean TPOT|P99 TTFT|Mean TTFT|P99 E2EL|Output token" | head -30
+      mv "$OUT/server.log" "$OUT/server13.log" ;;
+    diag13)
+      perf_run 8b_poisson_timeline --workloads single,poisson,floor --poisson-variants fine --poisson-timeline \
+        --poisson-prompts 400 ;;
+    70b)
+      tune_kmajor 70b_m64 ${TUNE70_S:-120} --models llama3-70b --rows 64,256
+      perf_run 70b_awq --model llama3-70b --quantization awq --workloads single,sweep \
+        --sweep-concurrency 1,16,64,256 --sweep-out 128 ;;
+    q15)
+      tune_scaled ${TUNE15_S:-200} 64,256,4096 ""
+      perf_run 8b_fp8 --quantization fp8 --workloads sweep,throughput
+      perf_run 8b_fp8_kvfp8 --quantization fp8 --kv-cache-dtype fp8 --workloads throughput
+      perf_run 8b_w8a8 --quantization w8a8 --workloads throughput
+      perf_run 8b_bf16 --workloads throughput ;;
+  esac
+done
+pack_logs
