@@ -816,6 +816,13 @@ def cmd_perf(args) -> dict:
         with open(args.out, "w") as f:
             json.dump(out, f, indent=1)
 
+    if "cold" in wl:  # the first request a fresh engine serves (before any other workload warms it)
+        req = build(NAMED["single"], vocab)[0]
+        req = type(req)(req.prompt_token_ids, 8)
+        out["cold_first_request"] = run_single(llm, req)
+        out["cold_first_request"]["warm_ttft_s"] = run_single(llm, req)["ttft_s"]
+        log("cold first request", out["cold_first_request"])
+        save()
     if "single" in wl:
         req = build(NAMED["single"], vocab)[0]
         if args.single_out:

@@ -7,8 +7,9 @@
 #   serve13: `tachyon serve` llama3-8b, vLLM's client then `tachyon bench serve`, c16 and Poisson 20 req/s: issue
 #           13's table with the piecewise eager policy (H100: c16 p99 TTFT 228.5 -> 210-213 ms) (carry .whl and
 #           .peer-bench)
-#   diag13: in-process Poisson with the device timeline after a `single` warm-up (no kernel window: its start
-#           stalls the run), and the decode floor
+#   diag13: a fresh engine's first request (session 2026-12-07b's in-process Poisson, its first workload, took
+#           1.67 s for its first step: the engine or the profiler?), then in-process Poisson with the device
+#           timeline after a `single` warm-up (no kernel window: its start stalls the run), and the decode floor
 #   70b:    llama3-70b K-major tuning at 64/256 rows (the direct tiles, first time on an H200; the table holds the
 #           H100's picks), then 70B AWQ `single` + `sweep` 1/16/64/256 (run 32: 65.5; 61.9 / 511.8 / 587.6 / 813.2)
 #   q15:    issue 15: fp8/w8a8 GEMMs above 16 rows tuned on the card, fp8 `sweep` + `throughput`, fp8 + fp8 KV
@@ -32,7 +33,7 @@ for part in $PARTS; do
         2>&1 | grep -E "peer|Mean TPOT|P99 TTFT|Mean TTFT|P99 E2EL|Output token" | head -30
       mv "$OUT/server.log" "$OUT/server13.log" ;;
     diag13)
-      perf_run 8b_poisson_timeline --workloads single,poisson,floor --poisson-variants fine --poisson-timeline \
+      perf_run 8b_poisson_timeline --workloads cold,single,poisson,floor --poisson-variants fine --poisson-timeline \
         --poisson-prompts 400 ;;
     70b)
       tune_kmajor 70b_m64 ${TUNE70_S:-120} --models llama3-70b --rows 64,256
