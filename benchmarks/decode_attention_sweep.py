@@ -24,38 +24,19 @@ import triton
 
 from tachyon.kernels import decode_attention as mod
 from tachyon.kernels.decode_attention import decode_attention, num_decode_splits
+from tachyon.kernels.timing import per_call_ms
 
 HQ, HKV, D, PAGE = 32, 8, 128, 16
 CAPTURE_BOUND = 4096  # the decode graphs' max_seq_len (max_model_len of the serve and perf runs)
 
 
-def graph_ms(fn, calls: int = 20, reps: int = 5) -> float:
-    """ms per call: `calls` calls captured in one CUDA graph, replayed `reps` times, the median."""
+def graph_ms(fn, calls: int = 20) -> float:
+    """ms per call: `calls` calls captured in one CUDA graph, the median of 5 replays (on the CPU: one call)."""
     if not torch.cuda.is_available():
         t = time.perf_counter()
         fn()
         return (time.perf_counter() - t) * 1e3
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        fn()  # compile, allocate the workspace
-    torch.cuda.current_stream().wait_stream(s)
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for _ in range(calls):
-            fn()
-    g.replay()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        g.replay()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b) / calls)
-    return sorted(times)[len(times) // 2]
+    return per_call_ms(fn, calls)
 
 
 def batch(b: int, ctx: int, pool_blocks: int, dev: str, dtype: torch.dtype, g: torch.Generator):

@@ -53,3 +53,19 @@ pack_logs() {  # at most 8 files come back: the logs travel as one
   (cd "$OUT" && tar czf logs.tgz *.log && rm -f *.log)
   ls "$OUT"
 }
+
+awq70b_direct() {  # llama3-70b's K-major tiles timed at 64/256 rows (the direct ones first), then 70B AWQ
+  # `single` and `sweep` 1/16/64/256 (512 in / 128 out) on the table that made
+  tune_kmajor 70b_m64 ${TUNE70_S:-120} --models llama3-70b --rows 64,256
+  perf_run 70b_awq --model llama3-70b --quantization awq --workloads single,sweep \
+    --sweep-concurrency 1,16,64,256 --sweep-out 128
+}
+
+issue15_curves() {  # llama3-8b's fp8/w8a8 GEMMs above 16 rows tuned, then fp8 sweep + throughput, fp8 with the fp8
+  # KV cache, w8a8 and bf16 throughput
+  tune_scaled ${TUNE15_S:-200} 64,256,4096 ""
+  perf_run 8b_fp8 --quantization fp8 --workloads sweep,throughput
+  perf_run 8b_fp8_kvfp8 --quantization fp8 --kv-cache-dtype fp8 --workloads throughput
+  perf_run 8b_w8a8 --quantization w8a8 --workloads throughput
+  perf_run 8b_bf16 --workloads throughput
+}

@@ -41,16 +41,8 @@ PY
       PEER=1 LOADS="${LOADS13:-c16 poisson20}" timeout $((END - SECONDS - 20)) bash benchmarks/h200_serve.sh \
         2>&1 | tail -30
       grep -iE "eagerly|error" "$OUT/server.log" | head -5; mv "$OUT/server.log" "$OUT/server13.log" ;;
-    70b)
-      tune_kmajor 70b_m64 ${TUNE70_S:-120} --models llama3-70b --rows 64,256
-      perf_run 70b_awq --model llama3-70b --quantization awq --workloads single,sweep \
-        --sweep-concurrency 1,16,64,256 --sweep-out 128 ;;
-    q15)
-      tune_scaled ${TUNE15_S:-200} 64,256,4096 ""
-      perf_run 8b_fp8 --quantization fp8 --workloads sweep,throughput
-      perf_run 8b_fp8_kvfp8 --quantization fp8 --kv-cache-dtype fp8 --workloads throughput
-      perf_run 8b_w8a8 --quantization w8a8 --workloads throughput
-      perf_run 8b_bf16 --workloads throughput ;;
+    70b) awq70b_direct ;;
+    q15) issue15_curves ;;
     8b)
       tune_kmajor 8b ${TUNE8_S:-110} --models llama3-8b --rows 1,16,64
       perf_run 8b_awq --quantization awq --workloads single,throughput ;;

@@ -35,16 +35,8 @@ for part in $PARTS; do
     diag13)
       perf_run 8b_poisson_timeline --workloads cold,single,poisson,floor --poisson-variants fine --poisson-timeline \
         --poisson-prompts 400 ;;
-    70b)
-      tune_kmajor 70b_m64 ${TUNE70_S:-120} --models llama3-70b --rows 64,256
-      perf_run 70b_awq --model llama3-70b --quantization awq --workloads single,sweep \
-        --sweep-concurrency 1,16,64,256 --sweep-out 128 ;;
-    q15)
-      tune_scaled ${TUNE15_S:-200} 64,256,4096 ""
-      perf_run 8b_fp8 --quantization fp8 --workloads sweep,throughput
-      perf_run 8b_fp8_kvfp8 --quantization fp8 --kv-cache-dtype fp8 --workloads throughput
-      perf_run 8b_w8a8 --quantization w8a8 --workloads throughput
-      perf_run 8b_bf16 --workloads throughput ;;
+    70b) awq70b_direct ;;
+    q15) issue15_curves ;;
   esac
 done
 pack_logs
