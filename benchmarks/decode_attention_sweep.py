@@ -1,12 +1,16 @@
-"""Decode attention where a serving load runs it: split counts and split floors (`min_chunk`) at moderate contexts.
+"""Decode attention where serving runs it: split counts, split floors (`min_chunk`), the in-kernel merge.
 
 A decode CUDA graph fixes the split count for its capture's context bound (`num_decode_splits(graph batch, Hkv,
 max_model_len)`); at a Poisson load's ~640 tokens of context those splits are ~3 tiles each and stage 1 is
 latency-bound (H100: 1.75 TB/s of 3.0 inside a 40-sequence step, benchmarks/results/h100/session_20261207b). This
-times, per batch and context (llama3-8b: Hq 32, Hkv 8, D 128, pages of 16, bf16, random pages of a pool far beyond
-L2): the graph's split count as today; every split count 1-8 with no floor; the graph's split count with floors of
-256-1024 tokens (a short context then uses fewer of them, one split writes the output itself); and three stage-1 tile
-configs. Each figure is a CUDA-graph replay of 20 calls (as a decode step runs them), the median of 5.
+times, per batch (1-256 sequences; 1-4: the `single` workloads' step) and context (llama3-8b: Hq 32, Hkv 8, D 128,
+pages of 16, bf16, random pages of a pool far beyond L2):
+- the graph's split count as today, and every split count 1-8 with no floor;
+- the graph's split count with floors of 256-1024 tokens (a short context then uses fewer of them; one split
+  writes the output itself);
+- three stage-1 tile configs;
+- the graph's split count with the last split merging them (no second launch), alone and with floors.
+Each figure is a CUDA-graph replay of 20 calls (as a decode step runs them), the median of 5.
 
     PYTHONPATH=. python benchmarks/decode_attention_sweep.py --out $OUT/decode_sweep.json [--budget-s 90]
 CPU smoke run (the interpreter, tiny shapes): TRITON_INTERPRET=1 ... --smoke
@@ -47,7 +51,8 @@ def batch(b: int, ctx: int, pool_blocks: int, dev: str, dtype: torch.dtype, g: t
     return q, bt, lens
 
 
-def time_variant(case: dict, name: str, splits: int, min_chunk: int = 0, cfg: tuple | None = None) -> None:
+def time_variant(case: dict, name: str, splits: int, min_chunk: int = 0, cfg: tuple | None = None,
+                 merge: bool = False) -> None:
     """Time one variant on case's batch into case["row"]["us"][name], with its error against one split."""
     row, out, ref = case["row"], case["out"], case["ref"]
     default_cfg = mod._split_config
@@ -56,7 +61,7 @@ def time_variant(case: dict, name: str, splits: int, min_chunk: int = 0, cfg: tu
     try:
         def fn():
             decode_attention(case["q"], case["kc"], case["vc"], case["bt"], case["lens"], D ** -0.5, CAPTURE_BOUND,
-                             out=out, num_splits=splits, min_chunk=min_chunk)
+                             out=out, num_splits=splits, min_chunk=min_chunk, merge=merge)
 
         ms = graph_ms(fn)
         fn()
@@ -76,7 +81,7 @@ def main() -> None:
     t0 = time.perf_counter()
     cuda = torch.cuda.is_available()
     dev, dtype = ("cuda", torch.bfloat16) if cuda else ("cpu", torch.float32)
-    batches, contexts = ((16, 32, 48, 64, 128, 256), (640, 1024, 2048, 4096)) if not args.smoke else ((2,), (40,))
+    batches, contexts = ((1, 4, 16, 32, 48, 64, 128, 256), (640, 1024, 2048, 4096)) if not args.smoke else ((2,), (40,))
     pool_blocks = 32768 if not args.smoke else 64  # 2 x 1 GiB of bf16 K/V, far beyond L2
     g = torch.Generator(device=dev).manual_seed(0)
     kc = torch.randn(pool_blocks, PAGE, HKV, D, device=dev, dtype=dtype, generator=g)
@@ -108,6 +113,10 @@ def main() -> None:
                         run(f"s8 min{mc}", 8, mc)
                 for cfg in ((32, 4, 3), (64, 4, 2), (128, 8, 2)):
                     run(f"graph s{graph_splits} cfg{cfg}", graph_splits, 0, cfg)
+                if graph_splits > 1:  # the last split merges (no stage 2), alone and with the floors
+                    run(f"graph s{graph_splits} merge", graph_splits, 0, None, True)
+                    for mc in (256, 512):
+                        run(f"graph s{graph_splits} min{mc} merge", graph_splits, mc, None, True)
                 best = min(row["us"], key=row["us"].get)
                 row["best"] = best
                 row["graph_TBps"] = gb / row["us"][f"graph s{graph_splits}"] * 1e6 / 1e3

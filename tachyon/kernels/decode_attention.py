@@ -23,6 +23,7 @@ import triton
 import triton.language as tl
 
 from tachyon.kernels import pdl
+from tachyon.kernels.splits import SPLIT_COUNTERS, _fence_gpu, device_counters
 
 _LOG2E = 1.4426950408889634
 
@@ -53,6 +54,10 @@ def _decode_split_kernel(
     DIRECT: tl.constexpr,  # one split: write the final output here, no stage 2
     PDL: tl.constexpr = False,
     MIN_CHUNK: tl.constexpr = 0,  # > 0: no split shorter than this (a short context takes fewer splits)
+    cnt_ptr=None,  # MERGE: a zeroed int32 ticket per (sequence, kv head)
+    MERGE: tl.constexpr = False,  # the last split of a (sequence, kv head) merges them: no stage 2
+    FENCE: tl.constexpr = False,  # MERGE in a compiled kernel: GPU-wide fences around the ticket
+    BLOCK_S: tl.constexpr = 1,  # MERGE: next_power_of_2(NUM_SPLITS)
 ):
     pdl.enter(PDL)
     b = tl.program_id(0).to(tl.int64)
@@ -68,7 +73,8 @@ def _decode_split_kernel(
     g_mask = g < GROUP
     d_mask = d < HEAD_DIM
     if start >= seq_len:
-        if DIRECT:  # a padding entry (seq_len 0): zeros, as stage 2 would give
+        # a padding entry (seq_len 0): zeros, as stage 2 would give (with MERGE there is no stage 2: split 0 writes)
+        if DIRECT or (MERGE and split == 0):
             tl.store(out_ptr + b * stride_ot + head[:, None] * stride_oh + d[None, :],
                      tl.zeros([BLOCK_G, BLOCK_D], tl.float32).to(out_ptr.dtype.element_ty),
                      mask=g_mask[:, None] & d_mask[None, :])
@@ -113,6 +119,43 @@ def _decode_split_kernel(
     o_ptrs = mid_o_ptr + b * stride_mo_b + head[:, None] * stride_mo_h + split * stride_mo_s + d[None, :]
     tl.store(o_ptrs, acc * (v_scale / l_sum)[:, None], mask=g_mask[:, None] & d_mask[None, :])
     tl.store(mid_lse_ptr + b * stride_ml_b + head * stride_ml_h + split, m + tl.log2(l_sum), mask=g_mask)
+    if MERGE:
+        _merge_if_last(mid_o_ptr, mid_lse_ptr, cnt_ptr, out_ptr, b, kv_head, tl.num_programs(1), head, g_mask, d,
+                       d_mask, tl.cdiv(seq_len, chunk), stride_mo_b, stride_mo_h, stride_mo_s, stride_ml_b,
+                       stride_ml_h, stride_ot, stride_oh, BLOCK_G, BLOCK_D, BLOCK_S, FENCE)
+
+
+@triton.jit
+def _merge_if_last(mid_o_ptr, mid_lse_ptr, cnt_ptr, out_ptr, b, kv_head, num_kv_heads, head, g_mask, d, d_mask,
+                   num_valid, stride_mo_b, stride_mo_h, stride_mo_s, stride_ml_b, stride_ml_h, stride_ot, stride_oh,
+                   BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_S: tl.constexpr, FENCE: tl.constexpr):
+    """After a split stored its partial: take a ticket from the (sequence, kv head)'s counter; the last of its
+    num_valid splits merges them by their log-sum-exps (stage 2's sums, its G heads at once), stores the output
+    and puts the counter back to 0. FENCE: as splits.finish_split (stores visible GPU-wide before the ticket)."""
+    tile = (b * num_kv_heads + kv_head).to(tl.int32)
+    if FENCE:
+        tile = _fence_gpu(tile)
+    tl.debug_barrier()
+    ticket = tl.atomic_add(cnt_ptr + tile, 1, sem="acq_rel", scope="gpu")
+    if ticket == num_valid - 1:
+        if FENCE:
+            tile = _fence_gpu(tile)
+        s = tl.arange(0, BLOCK_S)
+        lse = tl.load(mid_lse_ptr + b * stride_ml_b + head[:, None] * stride_ml_h + s[None, :],
+                      mask=g_mask[:, None] & (s < num_valid)[None, :], other=float("-inf"), cache_modifier=".cg")
+        top = tl.max(lse, axis=1)
+        top = tl.where(top == float("-inf"), 0.0, top)  # masked (padding) head rows: all weights 0
+        w = tl.exp2(lse - top[:, None])  # [BLOCK_G, BLOCK_S]
+        acc = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
+        for i in range(0, num_valid):
+            o = tl.load(mid_o_ptr + b * stride_mo_b + head[:, None] * stride_mo_h + i * stride_mo_s + d[None, :],
+                        mask=g_mask[:, None] & d_mask[None, :], other=0.0, cache_modifier=".cg")
+            wi = tl.sum(tl.where(s[None, :] == i, w, 0.0), axis=1)
+            acc += o * wi[:, None]
+        out = acc / tl.maximum(tl.sum(w, axis=1), 1e-30)[:, None]
+        tl.store(out_ptr + b * stride_ot + head[:, None] * stride_oh + d[None, :],
+                 out.to(out_ptr.dtype.element_ty), mask=g_mask[:, None] & d_mask[None, :])
+        tl.atomic_xchg(cnt_ptr + tile, 0, sem="relaxed", scope="gpu")
 
 
 @triton.jit
@@ -174,6 +217,9 @@ def num_decode_splits(batch: int, num_kv_heads: int, max_seq_len: int, min_chunk
 # latency-bound (H100: 1.75 TB/s of 3.0, benchmarks/results/h100/session_20261207b). 0 until a GPU run measures
 # which floor pays (benchmarks/decode_attention_sweep.py).
 DECODE_MIN_CHUNK = 0
+# The last split of each (sequence, kv head) merges the partials itself (a ticket counter) instead of a second
+# launch: off until a GPU run measures it (benchmarks/decode_attention_sweep.py's "merge" variants).
+DECODE_FUSED_MERGE = False
 
 # Stage 1's (BLOCK_N, num_warps, num_stages) for 16-bit caches. H200, head_dim 128: a third stage took batch
 # 256 x 4k context from 4.04 to 4.43 TB/s and batch 64 from 3.86 to 4.10 (kernels_run2.json, sweeps)
@@ -190,7 +236,7 @@ def _split_config(dtype: torch.dtype) -> tuple[int, int, int]:
 def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
                      seq_lens: torch.Tensor, scale: float, max_seq_len: int, out: torch.Tensor | None = None,
                      num_splits: int | None = None, k_scale: float = 1.0, v_scale: float = 1.0,
-                     min_chunk: int | None = None) -> torch.Tensor:
+                     min_chunk: int | None = None, merge: bool | None = None) -> torch.Tensor:
     """Attention of one query token per sequence over its paged context.
 
     q: [B, Hq, D] (token b belongs to sequence b); caches: [num_blocks, block_size, Hkv, D];
@@ -201,6 +247,8 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     k_scale, v_scale: what an fp8 cache's entries are multiplied by to give K and V (1.0 for 16-bit caches).
     min_chunk: no split shorter than this many tokens (rounded up to the tile), so a short context uses fewer of
     the num_splits (one: stage 1 writes its output and stage 2 skips it); None: DECODE_MIN_CHUNK.
+    merge: the last split of each (sequence, kv head) merges them in stage 1 (a ticket counter), so stage 2 is not
+    launched; None: DECODE_FUSED_MERGE.
     """
     B, Hq, D = q.shape
     Hkv, page = k_cache.shape[2], k_cache.shape[1]
@@ -219,6 +267,8 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     min_chunk = DECODE_MIN_CHUNK if min_chunk is None else min_chunk
     min_chunk = 0 if direct or min_chunk <= 0 else triton.cdiv(min_chunk, block_n) * block_n
     mid_o, mid_lse = _get_workspace(B, Hq, num_splits, D, q.device)
+    merge = DECODE_FUSED_MERGE if merge is None else merge
+    counters = device_counters(q.device) if merge and not direct and B * Hkv <= SPLIT_COUNTERS else None
     _decode_split_kernel[(B, Hkv, num_splits)](
         q, k_cache, v_cache, block_tables, seq_lens, mid_o, mid_lse,
         q.stride(0), q.stride(1),
@@ -231,9 +281,11 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
         BLOCK_G=max(16, triton.next_power_of_2(group)), BLOCK_N=block_n, BLOCK_D=block_d,
         PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
         out_ptr=out, stride_ot=out.stride(0), stride_oh=out.stride(1), DIRECT=direct, MIN_CHUNK=min_chunk,
+        cnt_ptr=counters, MERGE=counters is not None, FENCE=counters is not None and q.device.type == "cuda",
+        BLOCK_S=triton.next_power_of_2(num_splits),
         num_warps=num_warps, num_stages=num_stages, **pdl.launch_args(),
     )
-    if direct:
+    if direct or counters is not None:
         return out
     _decode_reduce_kernel[(B, Hq)](
         mid_o, mid_lse, seq_lens, out,

@@ -86,6 +86,12 @@ def split_counters(device: torch.device, tiles: int) -> torch.Tensor | None:
     buffer must not come from a graph's private memory pool)."""
     if not split_finish_enabled() or tiles > SPLIT_COUNTERS:
         return None
+    return device_counters(device)
+
+
+def device_counters(device: torch.device) -> torch.Tensor | None:
+    """The device's SPLIT_COUNTERS zeroed int32 tickets (shared by every kernel that finishes its own splits: one
+    stream runs them one after another), or None when first asked for inside a CUDA graph capture."""
     buf = _counters.get(device)
     if buf is None:
         if device.type == "cuda" and torch.cuda.is_current_stream_capturing():

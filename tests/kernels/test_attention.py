@@ -61,6 +61,26 @@ def test_decode_attention_min_chunk(make_batch, rel_err, num_splits, min_chunk):
     assert torch.equal(out[-1], torch.zeros_like(out[-1]))
 
 
+@pytest.mark.parametrize("num_splits,min_chunk", [(3, 0), (8, 0), (32, 0), (8, 32)])
+def test_decode_attention_merges_its_splits_in_stage_one(make_batch, rel_err, num_splits, min_chunk):
+    # merge: the last split of each (sequence, kv head) merges them (a ticket counter), no stage 2; a padding
+    # entry comes out 0; the counters are back at 0 for the next call (a graph replays the same buffer)
+    from tachyon.kernels.splits import device_counters
+
+    seqs = [(1, n) for n in (1, 2, 17, 63, 64, 65, 300, 5)]
+    q, _, _, k_cache, v_cache, meta = make_batch(seqs, 8, 2, 64, torch.float32, seed=num_splits + min_chunk)
+    seq_lens = meta.seq_lens.clone()
+    seq_lens[-1] = 0
+    ref = _reference(q, k_cache, v_cache, meta, 0.125)
+    for _ in range(2):
+        out = _poisoned_like(q)
+        decode_attention(q, k_cache, v_cache, meta.block_tables, seq_lens, 0.125, 320, out=out,
+                         num_splits=num_splits, min_chunk=min_chunk, merge=True)
+        assert rel_err(out[:-1], ref[:-1]) <= TOL[torch.float32]
+        assert torch.equal(out[-1], torch.zeros_like(out[-1]))
+        assert not device_counters(q.device).any()
+
+
 @pytest.mark.parametrize("num_splits", [None, 1])  # 1: stage 1 writes the output itself
 def test_decode_attention_padding_entries(make_batch, rel_err, num_splits):
     # a CUDA-graph batch padded with seq_len 0 entries: those rows come out 0, the others are unaffected
@@ -130,4 +150,5 @@ def test_decode_attention_sweep_runs_end_to_end(tmp_path, monkeypatch):
     (row,) = json.loads(out.read_text())["rows"]
     assert row["max_err"] < 1e-5 and row["best"] in row["us"]
     gs = row["graph_splits"]  # 16 for 2 sequences under a 4,096-token bound
-    assert {f"graph s{gs}", "s1", "s2", "s8", f"graph s{gs} min256", f"graph s{gs} cfg(32, 4, 3)"} <= set(row["us"])
+    assert {f"graph s{gs}", "s1", "s2", "s8", f"graph s{gs} min256", f"graph s{gs} cfg(32, 4, 3)",
+            f"graph s{gs} merge", f"graph s{gs} min512 merge"} <= set(row["us"])
