@@ -24,7 +24,7 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader > 
 for part in $PARTS; do
   case $part in
     attn)
-      timeout ${ATTN_S:-150} python benchmarks/decode_attention_sweep.py --budget-s $((${ATTN_S:-150} - 40)) \
+      timeout ${ATTN_S:-240} python benchmarks/decode_attention_sweep.py --budget-s $((${ATTN_S:-240} - 40)) \
         --out "$OUT/decode_sweep.json" > "$OUT/decode_sweep.log" 2>&1
       echo "decode sweep rc=$?"; grep -E "^B=" "$OUT/decode_sweep.log" | cut -c1-200 ;;
     serve13)
