@@ -23,7 +23,7 @@ import triton
 import triton.language as tl
 
 from tachyon.kernels import pdl
-from tachyon.kernels.splits import SPLIT_COUNTERS, _fence_gpu, device_counters
+from tachyon.kernels.splits import SPLIT_COUNTERS, _fence_gpu, device_counters, take_ticket
 
 _LOG2E = 1.4426950408889634
 
@@ -133,10 +133,7 @@ def _merge_if_last(mid_o_ptr, mid_lse_ptr, cnt_ptr, out_ptr, b, kv_head, num_kv_
     num_valid splits merges them by their log-sum-exps (stage 2's sums, its G heads at once), stores the output
     and puts the counter back to 0. FENCE: as splits.finish_split (stores visible GPU-wide before the ticket)."""
     tile = (b * num_kv_heads + kv_head).to(tl.int32)
-    if FENCE:
-        tile = _fence_gpu(tile)
-    tl.debug_barrier()
-    ticket = tl.atomic_add(cnt_ptr + tile, 1, sem="acq_rel", scope="gpu")
+    ticket = take_ticket(cnt_ptr, tile, FENCE)
     if ticket == num_valid - 1:
         if FENCE:
             tile = _fence_gpu(tile)

@@ -108,16 +108,24 @@ def _fence_gpu(token):
 
 
 @triton.jit
+def take_ticket(cnt_ptr, tile, FENCE: tl.constexpr):
+    """A program's ticket from counter `tile` (0 for the first to arrive), taken once its stores are done: FENCE
+    (compiled kernels) makes every thread's stores visible GPU-wide first. The program that draws the last ticket
+    fences again (_fence_gpu) before it reads the others' stores, and puts the counter back to 0."""
+    if FENCE:
+        tile = _fence_gpu(tile)
+    tl.debug_barrier()
+    return tl.atomic_add(cnt_ptr + tile, 1, sem="acq_rel", scope="gpu")
+
+
+@triton.jit
 def finish_split(p_ptr, cnt_ptr, b_ptr, y_ptr, tile, row, col0, N, MN, SPLIT, NCOLS: tl.constexpr,
                  HAS_BIAS: tl.constexpr, FENCE: tl.constexpr):
     """Called by every program of a split launch after it stored its fp32 partial of y[row, col0:col0 + NCOLS]
     (split s at p_ptr + s * MN + row * N): the last of the tile's SPLIT programs to arrive sums the partials in
     split order (+ bias), stores y and zeroes the tile's counter; the others return. FENCE (compiled kernels):
     each thread's stores are made visible GPU-wide before the ticket is taken, and the reader fences after it."""
-    if FENCE:
-        tile = _fence_gpu(tile)
-    tl.debug_barrier()
-    ticket = tl.atomic_add(cnt_ptr + tile, 1, sem="acq_rel", scope="gpu")
+    ticket = take_ticket(cnt_ptr, tile, FENCE)
     if ticket == SPLIT - 1:
         if FENCE:
             tile = _fence_gpu(tile)
