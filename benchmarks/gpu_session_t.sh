@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Next after session 2026-12-07b (which ran on an H100; every bar is an H200 figure), in parts (PARTS, in order):
-#   attn:   benchmarks/decode_attention_sweep.py: decode attention's split counts, split floors (min_chunk) and tile
-#           configs where serving runs it (16-256 sequences x 640-4,096 tokens, CUDA-graph replays); the H100's
-#           Poisson profile had it at 1.92 ms of a 7.7 ms decode step (1.75 TB/s of 3.0). Pick DECODE_MIN_CHUNK
-#           (today 0) or the split policy from it, then re-run serve13
+#   attn:   benchmarks/decode_attention_sweep.py: decode attention's split counts, split floors (min_chunk), tile
+#           configs and the in-kernel merge where serving runs it (1-256 sequences x 640-4,096 tokens, CUDA-graph
+#           replays); the H100's Poisson profile had it at 1.92 ms of a 7.7 ms decode step (1.75 TB/s of 3.0).
+#           Pick DECODE_MIN_CHUNK, DECODE_FUSED_MERGE (today 0 / off) or the split policy from it, then serve13
 #   serve13: `tachyon serve` llama3-8b, vLLM's client then `tachyon bench serve`, c16 and Poisson 20 req/s: issue
 #           13's table with the piecewise eager policy (H100: c16 p99 TTFT 228.5 -> 210-213 ms) (carry .whl and
 #           .peer-bench)
