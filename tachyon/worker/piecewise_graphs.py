@@ -184,9 +184,10 @@ class PiecewiseGraphs:
         return self
 
     def _calibrate_eager(self) -> None:
-        """Time the largest bucket's work per token on the device and the host's launches of an eager forward
-        of an odd size (which also compiles the Triton variants such sizes take, so no step compiles mid-run):
-        from eager_from() tokens on, a step the buckets pad runs eagerly at its own size."""
+        """Run an eager forward of the largest bucket less one token (attention left out, as in a capture): its
+        device time per token and the host's time to launch it give eager_from(); the odd size also compiles the
+        Triton variants such steps take, so no step compiles mid-run. From eager_from tokens on, a step the
+        buckets pad runs eagerly at its own size."""
         T = self.sizes[-1] - 1
         if T < 17:
             return
