@@ -73,10 +73,11 @@ MMA_CONFIGS = [(256, 16, 0, 2, 3), (128, 16, 0, 4, 3), (128, 16, 0, 2, 3), (64, 
 DIRECT_CONFIGS = [("direct", 128, 64, 0, 4, 3), ("direct", 128, 64, 0, 4, 4), ("direct", 256, 64, 0, 8, 3),
                   ("direct", 128, 32, 0, 4, 3), ("direct", 256, 32, 0, 4, 3), ("direct", 64, 32, 0, 2, 3),
                   ("direct", 128, 16, 0, 2, 3)]
-# the untuned default from 17 rows: on an H100 at 64 rows (benchmarks/results/h100/session_20261207b) it ran
-# llama3-70b's four layers on average 1.06x each one's best config and 1.5-1.6x faster than MMA_CONFIGS[0] (the
-# epilogue kernel is compute-bound there: the H200's run-32 times matched the H100's within 2%), llama3-8b's 1.30x
-# the best (1.5-2.8x faster than MMA_CONFIGS[0]); the 70B 64-row step replayed in 39.1 ms instead of 57.0
+# the untuned default from 17 rows: on an H100 at 64 rows it ran llama3-70b's four layers on average 1.06x each
+# one's best config and 1.36-1.57x faster than MMA_CONFIGS[0] (the epilogue kernel is compute-bound there: the
+# H200's run-32 times matched the H100's within 2.5%), llama3-8b's 1.30x the best and 1.49-1.68x faster than
+# MMA_CONFIGS[0] (benchmarks/results/h100/session_20261207b/config_ranking.txt); the 70B 64-row step replayed in
+# 39.1 ms instead of 57.0
 DIRECT_DEFAULT = ("direct", 256, 32, 0, 4, 3)
 # above this many rows the weight is dequantized once and multiplied by cuBLAS ("dequant"): on the H200 (run 29)
 # 16-row tiles over the rows beat the taller tiles at 64 rows and dequant + cuBLAS wins from ~80 rows
@@ -158,6 +159,14 @@ def _nibble(q, like, J: tl.constexpr, MAGIC: tl.constexpr, ASM: tl.constexpr):
 
 
 @triton.jit
+def _group_zero_scale(qz_ptr, s_ptr, g, N8, N, offs_n, mask_n, zero_shift, OFFSET: tl.constexpr):
+    """Group g's zero point (+ OFFSET) and scale for the columns offs_n, in fp32 (the zero exact)."""
+    zw = tl.load(qz_ptr + g * N8 + offs_n // 8, mask=mask_n, other=0)
+    z = ((zw >> zero_shift) & 0xF).to(tl.float32) + OFFSET
+    return z, tl.load(s_ptr + g * N + offs_n, mask=mask_n, other=0.0).to(tl.float32)
+
+
+@triton.jit
 def _awq_mma_kernel(
     x_ptr, qw_ptr, qz_ptr, s_ptr, b_ptr, out_ptr,
     M, N, N8, K, K_SPLIT, stride_xm, stride_om, stride_os,
@@ -199,10 +208,10 @@ def _awq_mma_kernel(
             a = _nibble(q, xj, j, MAGIC, ASM)
             if DIRECT:
                 if j % E == 0:  # the group's offset + zero (exact in halves) and scale, a column each
-                    g = (k0 + 16 * j) // GROUP
-                    zw = tl.load(qz_ptr + g * N8 + offs_n // 8, mask=mask_n, other=0)
-                    zo = (((zw >> zero_shift) & 0xF).to(tl.float32) + OFFSET).to(xj.dtype)[:, None]
-                    sc = tl.load(s_ptr + g * N + offs_n, mask=mask_n, other=0.0).to(xj.dtype)[:, None]
+                    z, sc = _group_zero_scale(qz_ptr, s_ptr, (k0 + 16 * j) // GROUP, N8, N, offs_n, mask_n,
+                                              zero_shift, OFFSET)
+                    zo = z.to(xj.dtype)[:, None]
+                    sc = sc.to(xj.dtype)[:, None]
                 acc = tl.dot((a - zo) * sc, xj, acc)
             else:
                 if j % E == 0:
@@ -219,11 +228,9 @@ def _awq_mma_kernel(
                     else:
                         xs = tl.dot(ones, xj, xs)
                 if (j + 1) % E == 0:
-                    g = (k0 + 16 * (j + 1 - E)) // GROUP
-                    zw = tl.load(qz_ptr + g * N8 + offs_n // 8, mask=mask_n, other=0)
-                    z = ((zw >> zero_shift) & 0xF).to(tl.float32) + OFFSET
-                    s = tl.load(s_ptr + g * N + offs_n, mask=mask_n, other=0.0).to(tl.float32)
-                    acc += s[:, None] * (part - z[:, None] * xs)
+                    z, sc = _group_zero_scale(qz_ptr, s_ptr, (k0 + 16 * (j + 1 - E)) // GROUP, N8, N, offs_n,
+                                              mask_n, zero_shift, OFFSET)
+                    acc += sc[:, None] * (part - z[:, None] * xs)
     if HAS_BIAS:
         acc += tl.load(b_ptr + offs_n, mask=mask_n, other=0.0).to(tl.float32)[:, None]
     y = out_ptr + pid_k.to(tl.int64) * stride_os + offs_m.to(tl.int64)[None, :] * stride_om + offs_n[:, None]

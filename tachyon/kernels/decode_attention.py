@@ -72,12 +72,12 @@ def _decode_split_kernel(
     head = kv_head * GROUP + g
     g_mask = g < GROUP
     d_mask = d < HEAD_DIM
+    out_ptrs = out_ptr + b * stride_ot + head[:, None] * stride_oh + d[None, :]
+    out_mask = g_mask[:, None] & d_mask[None, :]
     if start >= seq_len:
         # a padding entry (seq_len 0): zeros, as stage 2 would give (with MERGE there is no stage 2: split 0 writes)
         if DIRECT or (MERGE and split == 0):
-            tl.store(out_ptr + b * stride_ot + head[:, None] * stride_oh + d[None, :],
-                     tl.zeros([BLOCK_G, BLOCK_D], tl.float32).to(out_ptr.dtype.element_ty),
-                     mask=g_mask[:, None] & d_mask[None, :])
+            tl.store(out_ptrs, tl.zeros([BLOCK_G, BLOCK_D], tl.float32).to(out_ptr.dtype.element_ty), mask=out_mask)
         return
     end = tl.minimum(start + chunk, seq_len)
     q = tl.load(q_ptr + b * stride_qt + head[:, None] * stride_qh + d[None, :],
@@ -104,30 +104,23 @@ def _decode_split_kernel(
         acc = acc * alpha[:, None] + tl.dot(p.to(q.dtype), v.to(q.dtype), input_precision=PRECISION)
         m = m_new
 
-    # every chunk holds at least one token, so l > 0 for every row
-    if DIRECT:
-        tl.store(out_ptr + b * stride_ot + head[:, None] * stride_oh + d[None, :],
-                 (acc * (v_scale / l_sum)[:, None]).to(out_ptr.dtype.element_ty),
-                 mask=g_mask[:, None] & d_mask[None, :])
+    # every chunk holds at least one token, so l > 0 for every row. One split, or (MIN_CHUNK) a context that fits
+    # one: it writes the output itself, and stage 2 skips the sequence
+    if DIRECT or (MIN_CHUNK > 0 and seq_len <= chunk):
+        tl.store(out_ptrs, (acc * (v_scale / l_sum)[:, None]).to(out_ptr.dtype.element_ty), mask=out_mask)
         return
-    if MIN_CHUNK > 0:
-        if seq_len <= chunk:  # the context fits one split: it writes the output, stage 2 skips this sequence
-            tl.store(out_ptr + b * stride_ot + head[:, None] * stride_oh + d[None, :],
-                     (acc * (v_scale / l_sum)[:, None]).to(out_ptr.dtype.element_ty),
-                     mask=g_mask[:, None] & d_mask[None, :])
-            return
     o_ptrs = mid_o_ptr + b * stride_mo_b + head[:, None] * stride_mo_h + split * stride_mo_s + d[None, :]
-    tl.store(o_ptrs, acc * (v_scale / l_sum)[:, None], mask=g_mask[:, None] & d_mask[None, :])
+    tl.store(o_ptrs, acc * (v_scale / l_sum)[:, None], mask=out_mask)
     tl.store(mid_lse_ptr + b * stride_ml_b + head * stride_ml_h + split, m + tl.log2(l_sum), mask=g_mask)
     if MERGE:
-        _merge_if_last(mid_o_ptr, mid_lse_ptr, cnt_ptr, out_ptr, b, kv_head, tl.num_programs(1), head, g_mask, d,
-                       d_mask, tl.cdiv(seq_len, chunk), stride_mo_b, stride_mo_h, stride_mo_s, stride_ml_b,
-                       stride_ml_h, stride_ot, stride_oh, BLOCK_G, BLOCK_D, BLOCK_S, FENCE)
+        _merge_if_last(mid_o_ptr, mid_lse_ptr, cnt_ptr, out_ptrs, out_mask, b, kv_head, tl.num_programs(1), head,
+                       g_mask, d, tl.cdiv(seq_len, chunk), stride_mo_b, stride_mo_h, stride_mo_s, stride_ml_b,
+                       stride_ml_h, BLOCK_G, BLOCK_D, BLOCK_S, FENCE)
 
 
 @triton.jit
-def _merge_if_last(mid_o_ptr, mid_lse_ptr, cnt_ptr, out_ptr, b, kv_head, num_kv_heads, head, g_mask, d, d_mask,
-                   num_valid, stride_mo_b, stride_mo_h, stride_mo_s, stride_ml_b, stride_ml_h, stride_ot, stride_oh,
+def _merge_if_last(mid_o_ptr, mid_lse_ptr, cnt_ptr, out_ptrs, out_mask, b, kv_head, num_kv_heads, head, g_mask, d,
+                   num_valid, stride_mo_b, stride_mo_h, stride_mo_s, stride_ml_b, stride_ml_h,
                    BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_S: tl.constexpr, FENCE: tl.constexpr):
     """After a split stored its partial: take a ticket from the (sequence, kv head)'s counter; the last of its
     num_valid splits merges them by their log-sum-exps (stage 2's sums, its G heads at once), stores the output
@@ -142,16 +135,15 @@ def _merge_if_last(mid_o_ptr, mid_lse_ptr, cnt_ptr, out_ptr, b, kv_head, num_kv_
                       mask=g_mask[:, None] & (s < num_valid)[None, :], other=float("-inf"), cache_modifier=".cg")
         top = tl.max(lse, axis=1)
         top = tl.where(top == float("-inf"), 0.0, top)  # masked (padding) head rows: all weights 0
-        w = tl.exp2(lse - top[:, None])  # [BLOCK_G, BLOCK_S]
         acc = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
         for i in range(0, num_valid):
+            lse_i = tl.load(mid_lse_ptr + b * stride_ml_b + head * stride_ml_h + i, mask=g_mask, other=float("-inf"),
+                            cache_modifier=".cg")
             o = tl.load(mid_o_ptr + b * stride_mo_b + head[:, None] * stride_mo_h + i * stride_mo_s + d[None, :],
-                        mask=g_mask[:, None] & d_mask[None, :], other=0.0, cache_modifier=".cg")
-            wi = tl.sum(tl.where(s[None, :] == i, w, 0.0), axis=1)
-            acc += o * wi[:, None]
-        out = acc / tl.maximum(tl.sum(w, axis=1), 1e-30)[:, None]
-        tl.store(out_ptr + b * stride_ot + head[:, None] * stride_oh + d[None, :],
-                 out.to(out_ptr.dtype.element_ty), mask=g_mask[:, None] & d_mask[None, :])
+                        mask=out_mask, other=0.0, cache_modifier=".cg")
+            acc += o * tl.exp2(lse_i - top)[:, None]
+        out = acc / tl.maximum(tl.sum(tl.exp2(lse - top[:, None]), axis=1), 1e-30)[:, None]
+        tl.store(out_ptrs, out.to(out_ptrs.dtype.element_ty), mask=out_mask)
         tl.atomic_xchg(cnt_ptr + tile, 0, sem="relaxed", scope="gpu")
 
 
