@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import time
 
 import torch
@@ -77,6 +78,9 @@ def main() -> None:
     ap.add_argument("--out", required=True)
     ap.add_argument("--budget-s", type=float, default=90)
     ap.add_argument("--smoke", action="store_true", help="tiny shapes (CPU interpreter): the script runs end to end")
+    ap.add_argument("--write-tuned", default=None, metavar="JSON",
+                    help="merge the pick (pick_defaults) into this per-GPU table (tachyon/kernels/quant_tuned/<GPU>.json), "
+                         "which decode_attention then reads")
     args = ap.parse_args()
     t0 = time.perf_counter()
     cuda = torch.cuda.is_available()
@@ -128,8 +132,51 @@ def main() -> None:
                       f"({row['best_TBps']:.2f} TB/s) | err {row['max_err']:.1e}", flush=True)
     finally:
         result["wall_s"] = time.perf_counter() - t0
+        result["pick"] = pick_defaults(result["rows"])
+        print("pick:", json.dumps(result["pick"]), flush=True)
         with open(args.out, "w") as f:
             json.dump(result, f, indent=1)
+    if args.write_tuned:
+        write_tuned(args.write_tuned, result)
+
+
+def pick_defaults(rows: list[dict], gain: float = 0.98, worst: float = 1.05) -> dict:
+    """decode_attention's (min_chunk, merge) from the rows that split: the variant of the graph's split count with
+    the lowest geometric mean of its time over the unmodified kernel's, kept only if that mean is under `gain` and
+    no row is slower than `worst` times; else (0, False), the unmodified kernel."""
+    split_rows = [r for r in rows if r["graph_splits"] > 1]
+    options = {"": (0, False), " merge": (0, True)}
+    for mc in (256, 512, 1024):
+        options[f" min{mc}"] = (mc, False)
+        options[f" min{mc} merge"] = (mc, True)
+    scores = {}
+    for suffix, choice in options.items():
+        ratios = [r["us"][f"graph s{r['graph_splits']}{suffix}"] / r["us"][f"graph s{r['graph_splits']}"]
+                  for r in split_rows if f"graph s{r['graph_splits']}{suffix}" in r["us"]]
+        if split_rows and len(ratios) == len(split_rows):
+            scores[suffix] = (math.exp(sum(map(math.log, ratios)) / len(ratios)), max(ratios), choice)
+    good = {k: v for k, v in scores.items() if v[0] < gain and v[1] <= worst}
+    min_chunk, merge = options[min(good, key=lambda k: good[k][0])] if good else (0, False)
+    return {"min_chunk": min_chunk, "merge": merge, "rows": len(split_rows),
+            "scores": {k.strip() or "unmodified": [round(v[0], 4), round(v[1], 4)] for k, v in scores.items()}}
+
+
+def write_tuned(path: str, result: dict) -> None:
+    """Merge the pick into a per-GPU table: configs["decode_attention"]["all"]["HKVxD"] = [min_chunk, merge]."""
+    table = {}
+    if os.path.exists(path):
+        with open(path) as f:
+            table = json.load(f)
+    table.setdefault("device", result["device"])
+    pick = result["pick"]
+    table.setdefault("configs", {}).setdefault("decode_attention", {}).setdefault("all", {})[f"{HKV}x{D}"] = [
+        pick["min_chunk"], pick["merge"]]
+    table["decode_attention_made_by"] = (
+        f"benchmarks/decode_attention_sweep.py --write-tuned ({len(result['rows'])} rows, {result['wall_s']:.0f} s, "
+        f"torch {result['torch']}, triton {result['triton']}): geometric-mean time over the unmodified kernel "
+        f"{json.dumps(pick['scores'])}")
+    with open(path, "w") as f:
+        json.dump(table, f, indent=1)
 
 
 if __name__ == "__main__":

@@ -3,7 +3,8 @@
 #   attn:   benchmarks/decode_attention_sweep.py: decode attention's split counts, split floors (min_chunk), tile
 #           configs and the in-kernel merge where serving runs it (1-256 sequences x 640-4,096 tokens, CUDA-graph
 #           replays); the H100's Poisson profile had it at 1.92 ms of a 7.7 ms decode step (1.75 TB/s of 3.0).
-#           Pick DECODE_MIN_CHUNK, DECODE_FUSED_MERGE (today 0 / off) or the split policy from it, then serve13
+#           Its pick of (min_chunk, merge) goes into this GPU's table (returned as tuned_<GPU>.json), which the
+#           serve13 after it runs with
 #   serve13: `tachyon serve` llama3-8b, vLLM's client then `tachyon bench serve`, c16 and Poisson 20 req/s: issue
 #           13's table with the piecewise eager policy (H100: c16 p99 TTFT 228.5 -> 210-213 ms) (carry .whl and
 #           .peer-bench)
@@ -24,9 +25,11 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader > 
 for part in $PARTS; do
   case $part in
     attn)
+      tuned=tachyon/kernels/quant_tuned/$(python -c "import torch; print(torch.cuda.get_device_name().replace(' ', '_'))").json
       timeout ${ATTN_S:-240} python benchmarks/decode_attention_sweep.py --budget-s $((${ATTN_S:-240} - 40)) \
-        --out "$OUT/decode_sweep.json" > "$OUT/decode_sweep.log" 2>&1
-      echo "decode sweep rc=$?"; grep -E "^B=" "$OUT/decode_sweep.log" | cut -c1-200 ;;
+        --out "$OUT/decode_sweep.json" --write-tuned "$tuned" > "$OUT/decode_sweep.log" 2>&1
+      echo "decode sweep rc=$?"; grep -E "^(B=|pick)" "$OUT/decode_sweep.log" | cut -c1-200
+      cp "$tuned" "$OUT/tuned_$(basename "$tuned")" ;;
     serve13)
       [ $SECONDS -lt $((END - 200)) ] || { echo "== serve13: no time left"; continue; }
       PEER=1 LOADS="${LOADS13:-c16 poisson20}" timeout $((END - SECONDS - 20)) bash benchmarks/h200_serve.sh \

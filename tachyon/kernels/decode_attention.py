@@ -203,12 +203,24 @@ def num_decode_splits(batch: int, num_kv_heads: int, max_seq_len: int, min_chunk
 
 # No split shorter than this (0: an even share of num_splits whatever the context). Decode graphs fix num_splits
 # for the capture's context bound; at a Poisson load's ~640 tokens their 4 splits of ~3 tiles each left stage 1
-# latency-bound (H100: 1.75 TB/s of 3.0, benchmarks/results/h100/session_20261207b). 0 until a GPU run measures
-# which floor pays (benchmarks/decode_attention_sweep.py).
+# latency-bound (H100: 1.75 TB/s of 3.0, benchmarks/results/h100/session_20261207b). A GPU whose table
+# (quant_tuned/<GPU>.json, "decode_attention", from `benchmarks/decode_attention_sweep.py --write-tuned`) holds a
+# measured pick for the head shape takes that instead.
 DECODE_MIN_CHUNK = 0
 # The last split of each (sequence, kv head) merges the partials itself (a ticket counter) instead of a second
-# launch: off until a GPU run measures it (benchmarks/decode_attention_sweep.py's "merge" variants).
+# launch: off unless this GPU's table says it pays (as DECODE_MIN_CHUNK).
 DECODE_FUSED_MERGE = False
+
+
+def decode_defaults(device: torch.device, num_kv_heads: int, head_dim: int) -> tuple[int, bool]:
+    """(min_chunk, merge) for this GPU and head shape: its measured pick, else (DECODE_MIN_CHUNK,
+    DECODE_FUSED_MERGE)."""
+    from tachyon.kernels.quant_linear import tuned_entry  # the per-GPU tables' reader (a kernels-only import)
+
+    tuned = tuned_entry(device, "decode_attention", "all", f"{num_kv_heads}x{head_dim}")
+    if tuned is None:
+        return DECODE_MIN_CHUNK, DECODE_FUSED_MERGE
+    return int(tuned[0]), bool(tuned[1])
 
 # Stage 1's (BLOCK_N, num_warps, num_stages) for 16-bit caches. H200, head_dim 128: a third stage took batch
 # 256 x 4k context from 4.04 to 4.43 TB/s and batch 64 from 3.86 to 4.10 (kernels_run2.json, sweeps)
@@ -235,9 +247,9 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     chooses the number of splits. Writes into `out` ([B, Hq, D], may be a view) when given.
     k_scale, v_scale: what an fp8 cache's entries are multiplied by to give K and V (1.0 for 16-bit caches).
     min_chunk: no split shorter than this many tokens (rounded up to the tile), so a short context uses fewer of
-    the num_splits (one: stage 1 writes its output and stage 2 skips it); None: DECODE_MIN_CHUNK.
+    the num_splits (one: stage 1 writes its output and stage 2 skips it); None: decode_defaults'.
     merge: the last split of each (sequence, kv head) merges them in stage 1 (a ticket counter), so stage 2 is not
-    launched; None: DECODE_FUSED_MERGE.
+    launched; None: decode_defaults'.
     """
     B, Hq, D = q.shape
     Hkv, page = k_cache.shape[2], k_cache.shape[1]
@@ -253,10 +265,12 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     block_d = triton.next_power_of_2(D)
     block_n, num_warps, num_stages = _split_config(q.dtype)
     direct = num_splits == 1
-    min_chunk = DECODE_MIN_CHUNK if min_chunk is None else min_chunk
+    if min_chunk is None or merge is None:
+        tuned_chunk, tuned_merge = decode_defaults(q.device, Hkv, D)
+        min_chunk = tuned_chunk if min_chunk is None else min_chunk
+        merge = tuned_merge if merge is None else merge
     min_chunk = 0 if direct or min_chunk <= 0 else triton.cdiv(min_chunk, block_n) * block_n
     mid_o, mid_lse = _get_workspace(B, Hq, num_splits, D, q.device)
-    merge = DECODE_FUSED_MERGE if merge is None else merge
     counters = device_counters(q.device) if merge and not direct and B * Hkv <= SPLIT_COUNTERS else None
     _decode_split_kernel[(B, Hkv, num_splits)](
         q, k_cache, v_cache, block_tables, seq_lens, mid_o, mid_lse,

@@ -152,3 +152,50 @@ def test_decode_attention_sweep_runs_end_to_end(tmp_path, monkeypatch):
     gs = row["graph_splits"]  # 16 for 2 sequences under a 4,096-token bound
     assert {f"graph s{gs}", "s1", "s2", "s8", f"graph s{gs} min256", f"graph s{gs} cfg(32, 4, 3)",
             f"graph s{gs} merge", f"graph s{gs} min512 merge"} <= set(row["us"])
+
+
+def _sweep_row(splits: int, base: float, **variants: float) -> dict:
+    us = {f"graph s{splits}": base}
+    us.update({f"graph s{splits} {k.replace('_', ' ')}": v for k, v in variants.items()})
+    return {"graph_splits": splits, "us": us}
+
+
+def test_decode_sweep_pick_and_table(tmp_path):
+    # the pick decode_attention then reads: the variant with the lowest geometric-mean time, unless it is under 2%
+    # better or some row is over 5% slower; rows that do not split (one split: no variant) do not vote
+    import json
+
+    from benchmarks.decode_attention_sweep import pick_defaults, write_tuned
+
+    names = ("merge", "min256", "min256_merge", "min512", "min512_merge", "min1024")
+    flat = dict.fromkeys(names, 100.0)
+    rows = [_sweep_row(4, 100.0, **{**flat, "min512_merge": 80.0, "merge": 90.0}),
+            _sweep_row(8, 50.0, **{**dict.fromkeys(names, 50.0), "min512_merge": 45.0, "merge": 47.0}),
+            {"graph_splits": 1, "us": {"graph s1": 10.0}}]
+    pick = pick_defaults(rows)
+    assert (pick["min_chunk"], pick["merge"], pick["rows"]) == (512, True, 2)
+    rows[1]["us"]["graph s8 min512 merge"] = 53.0  # 6% slower on one row: the next best (merge alone) wins
+    assert (pick_defaults(rows)["min_chunk"], pick_defaults(rows)["merge"]) == (0, True)
+    for r in rows[:2]:  # nothing 2% better: the unmodified kernel
+        base = f"graph s{r['graph_splits']}"
+        r["us"] = {k: v if k == base else r["us"][base] * 0.99 for k, v in r["us"].items()}
+    assert (pick_defaults(rows)["min_chunk"], pick_defaults(rows)["merge"]) == (0, False)
+
+    table = tmp_path / "GPU.json"
+    table.write_text(json.dumps({"device": "GPU", "configs": {"awq": {"skinny": {"1x2g128": [1, 2]}}}}))
+    write_tuned(str(table), {"device": "GPU", "rows": rows, "wall_s": 1.0, "torch": "t", "triton": "tr",
+                             "pick": {**pick, "scores": {}}})
+    configs = json.loads(table.read_text())["configs"]
+    assert configs["awq"] == {"skinny": {"1x2g128": [1, 2]}}  # other formats stay
+    assert configs["decode_attention"] == {"all": {"8x128": [512, True]}}
+
+
+def test_decode_defaults_read_the_gpu_table(monkeypatch):
+    # decode_attention's min_chunk/merge default to this GPU's measured pick for the head shape, else the constants
+    from tachyon.kernels import quant_linear
+    from tachyon.kernels.decode_attention import DECODE_FUSED_MERGE, DECODE_MIN_CHUNK, decode_defaults
+
+    table = {("decode_attention", "all", "8x128"): (512, True)}
+    monkeypatch.setattr(quant_linear, "tuned_entry", lambda dev, fmt, bucket, key: table.get((fmt, bucket, key)))
+    assert decode_defaults(torch.device("cpu"), 8, 128) == (512, True)
+    assert decode_defaults(torch.device("cpu"), 4, 128) == (DECODE_MIN_CHUNK, DECODE_FUSED_MERGE)
