@@ -140,11 +140,14 @@ def main() -> None:
         write_tuned(args.write_tuned, result)
 
 
-def pick_defaults(rows: list[dict], gain: float = 0.98, worst: float = 1.05) -> dict:
+def pick_defaults(rows: list[dict], gain: float = 0.98, worst: float = 1.05, max_err: float = 2e-2) -> dict:
     """decode_attention's (min_chunk, merge) from the rows that split: the variant of the graph's split count with
     the lowest geometric mean of its time over the unmodified kernel's, kept only if that mean is under `gain` and
-    no row is slower than `worst` times; else (0, False), the unmodified kernel."""
+    no row is slower than `worst` times; else (0, False), the unmodified kernel. Any row whose variants disagree with
+    one split by over max_err (relative) rejects them all."""
     split_rows = [r for r in rows if r["graph_splits"] > 1]
+    if any(r["max_err"] > max_err for r in rows):  # some variant disagrees with one split: trust none of them
+        return {"min_chunk": 0, "merge": False, "rows": len(split_rows), "scores": {}, "rejected": "max_err"}
     options = {"": (0, False), " merge": (0, True)}
     for mc in (256, 512, 1024):
         options[f" min{mc}"] = (mc, False)

@@ -172,8 +172,13 @@ def test_decode_sweep_pick_and_table(tmp_path):
     rows = [_sweep_row(4, 100.0, **{**flat, "min512_merge": 80.0, "merge": 90.0}),
             _sweep_row(8, 50.0, **{**dict.fromkeys(names, 50.0), "min512_merge": 45.0, "merge": 47.0}),
             {"graph_splits": 1, "us": {"graph s1": 10.0}}]
+    for r in rows:
+        r["max_err"] = 4e-3
     pick = pick_defaults(rows)
     assert (pick["min_chunk"], pick["merge"], pick["rows"]) == (512, True, 2)
+    rows[2]["max_err"] = 0.5  # a variant that is wrong somewhere: none is trusted
+    assert (pick_defaults(rows)["min_chunk"], pick_defaults(rows)["merge"]) == (0, False)
+    rows[2]["max_err"] = 4e-3
     rows[1]["us"]["graph s8 min512 merge"] = 53.0  # 6% slower on one row: the next best (merge alone) wins
     assert (pick_defaults(rows)["min_chunk"], pick_defaults(rows)["merge"]) == (0, True)
     for r in rows[:2]:  # nothing 2% better: the unmodified kernel
