@@ -194,11 +194,21 @@ def _get_workspace(batch: int, num_heads: int, num_splits: int, head_dim: int, d
 
 
 def num_decode_splits(batch: int, num_kv_heads: int, max_seq_len: int, min_chunk: int = 256,
-                      max_splits: int = 64, target_programs: int = 1024) -> int:
-    """Enough splits to fill the GPU (about target_programs stage-1 programs), none shorter than min_chunk."""
-    want = triton.cdiv(target_programs, batch * num_kv_heads)
-    fit = triton.cdiv(max_seq_len, min_chunk)
-    return triton.next_power_of_2(max(1, min(want, fit, max_splits)))
+                      max_splits: int = 64, target_programs: int = 512, whole_from: int = 256) -> int:
+    """Splits of each context for stage 1: one (no stage 2) once batch x kv heads reaches whole_from programs, else
+    the largest power of two that keeps at most target_programs programs, and no more than a context of max_seq_len
+    fills at min_chunk tokens a split (rounded up to a power of two).
+
+    Measured on an H100 (132 SMs; benchmarks/results/h100/session_20261207c/decode_sweep.json, llama3-8b's heads,
+    CUDA-graph replays at 640-4,096 tokens): one split was fastest from 32 sequences up (256 programs; 32 x 640:
+    32.6 us against 36.4 for the 4 splits that 1,024 programs gave, 48 x 640: 45.2 against 51.6), 4 at 16 sequences
+    (512 programs), 16 at 1-4 (the 4,096-token bound's cap)."""
+    programs = batch * num_kv_heads
+    if programs >= whole_from:
+        return 1
+    want = 1 << (max(1, target_programs // programs).bit_length() - 1)  # a power of two, at most target_programs
+    fit = triton.next_power_of_2(triton.cdiv(max_seq_len, min_chunk))
+    return max(1, min(want, fit, max_splits))
 
 
 # No split shorter than this (0: an even share of num_splits whatever the context). Decode graphs fix num_splits

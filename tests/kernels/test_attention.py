@@ -204,3 +204,14 @@ def test_decode_defaults_read_the_gpu_table(monkeypatch):
     monkeypatch.setattr(quant_linear, "tuned_entry", lambda dev, fmt, bucket, key: table.get((fmt, bucket, key)))
     assert decode_defaults(torch.device("cpu"), 8, 128) == (512, True)
     assert decode_defaults(torch.device("cpu"), 4, 128) == (DECODE_MIN_CHUNK, DECODE_FUSED_MERGE)
+
+
+def test_decode_split_policy():
+    # what the H100 sweep measured fastest (benchmarks/results/h100/session_20261207c/decode_sweep.json), under a
+    # decode graph's 4,096-token bound with llama3-8b's 8 kv heads: 16 splits for 1-4 sequences, 4 at 16, one (no
+    # stage 2) from 32 up; a short bound caps the splits at its 256-token shares
+    from tachyon.kernels.decode_attention import num_decode_splits
+
+    assert [num_decode_splits(b, 8, 4096) for b in (1, 4, 8, 16, 24, 32, 48, 256)] == [16, 16, 8, 4, 2, 1, 1, 1]
+    assert num_decode_splits(4, 8, 640) == 4 and num_decode_splits(1, 8, 64) == 1
+    assert num_decode_splits(8, 1, 4096) == 16  # one kv head a rank (tensor parallelism): more splits
