@@ -128,6 +128,23 @@ class _Seen:
     first_scheduled_time: float | None
     num_tokens: dict[int, int]  # choice index -> tokens seen
     last_token_time: dict[int, float]  # choice index -> when its last token came
+    first_seen: float = 0.0  # when this process had the request's first output (after the core's first token)
+
+
+def request_timeline(out: RequestOutput, first_scheduled: float | None, first_seen: float, now: float) -> str:
+    """One finished request's times (`--log-level debug`), in ms from its arrival at the server: when the core
+    first scheduled it, when the core had its first token, when this process had that output, when it finished;
+    the arrival itself on the monotonic clock, so that a burst's requests line up."""
+    m = out.metrics
+
+    def ms(t: float | None) -> str:
+        return "-" if t is None else f"{(t - m.arrival_time) * 1e3:.1f}"
+
+    finished = m.finished_time if m.finished_time is not None else now
+    return (f"request {out.request_id}: arrived {m.arrival_time:.4f}, scheduled +{ms(first_scheduled)} ms, "
+            f"first token +{ms(m.first_token_time)} ms (server has it +{ms(first_seen)} ms), finished "
+            f"+{ms(finished)} ms; prompt {len(out.prompt_token_ids)} tokens ({out.num_cached_tokens} cached), "
+            f"output {sum(len(c.token_ids) for c in out.outputs)}")
 
 
 class ServerMetrics:
@@ -199,7 +216,7 @@ class ServerMetrics:
             seen = self._seen.get(out.request_id)
             if seen is None:
                 n = sum(len(c.token_ids) for c in out.outputs)
-                seen = _Seen(self._first_scheduled(out, now - step_seconds, n), {}, {})
+                seen = _Seen(self._first_scheduled(out, now - step_seconds, n), {}, {}, now)
                 self._seen[out.request_id] = seen
             for c in out.outputs:  # inter-token latency per sequence: its first token is not one
                 n, before = len(c.token_ids), seen.num_tokens.get(c.index, 0)
@@ -217,6 +234,8 @@ class ServerMetrics:
             if out.finished:
                 del self._seen[out.request_id]
                 self._observe_finished(out, seen.first_scheduled_time, now)
+                if logger.isEnabledFor(logging.DEBUG):
+                    logger.debug("%s", request_timeline(out, seen.first_scheduled_time, seen.first_seen, now))
 
     def _first_scheduled(self, out: RequestOutput, step_start: float, num_tokens: int) -> float | None:
         if out.metrics.first_scheduled_time is not None:

@@ -38,3 +38,26 @@ def test_itl_of_a_request_seen_only_at_its_end(llm, monkeypatch):
     total = sm.registry.get_sample_value("tachyon:inter_token_latency_seconds_sum", {"model_name": "m"})
     assert count == 10
     assert total == pytest.approx(0.5)  # first token at 1.0, the last at 1.5
+
+
+def test_debug_log_gives_each_finished_request_its_timeline(llm, monkeypatch, caplog):
+    # `tachyon serve --log-level debug`: a line per finished request, its times from arrival at the server (how a
+    # burst's TTFT splits into queueing, the step, and the way back to the server process)
+    import logging
+
+    sm = metrics_mod.ServerMetrics(llm.engine, "m")
+    clock = iter([1.25, 2.0, 2.5])
+    monkeypatch.setattr(metrics_mod.time, "monotonic", lambda: next(clock))
+    m = RequestMetrics(arrival_time=0.5, first_scheduled_time=0.75, first_token_time=1.0, finished_time=2.0)
+    first = RequestOutput("r7", None, [1, 2, 3], [CompletionOutput(0, "", [4])], False, m, num_cached_tokens=2)
+    last = RequestOutput("r7", None, [1, 2, 3], [CompletionOutput(0, "", [4, 5, 6])], True, m, num_cached_tokens=2)
+    with caplog.at_level(logging.DEBUG, logger="tachyon"):
+        sm.on_step([first], 0.01)
+        sm.on_step([last], 0.01)
+    (line,) = [r.getMessage() for r in caplog.records if r.getMessage().startswith("request r7")]
+    assert line == ("request r7: arrived 0.5000, scheduled +250.0 ms, first token +500.0 ms (server has it +750.0 "
+                    "ms), finished +1500.0 ms; prompt 3 tokens (2 cached), output 3")
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="tachyon"):  # not at the default level
+        sm.on_step([RequestOutput("r8", None, [1], [CompletionOutput(0, "", [4])], True, m)], 0.01)
+    assert not [r for r in caplog.records if "r8" in r.getMessage()]
