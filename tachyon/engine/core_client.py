@@ -62,6 +62,30 @@ def run_core_loop(core, conn, info: dict) -> None:
                 conn.send(("out", outputs, core.stats()))
 
 
+def freeze_heap() -> None:
+    """After start-up: what it built (model, tokenizer, graphs, the imported libraries) lives as long as the process,
+    so it goes out of the collector's sight, and a full collection mid-run scans only what requests allocate
+    (the longest collection of an in-process Poisson run took 189 ms: benchmarks/results/h200/session_20261207c)."""
+    gc.collect()
+    gc.freeze()
+
+
+def log_slow_collections(threshold_s: float = 0.02):
+    """Log (debug) each garbage collection of this process that takes over threshold_s: a stall that every open
+    stream sees. Returns the gc callback (gc.callbacks.remove takes it off)."""
+    started: dict[str, float] = {}
+
+    def callback(phase: str, info: dict) -> None:
+        if phase == "start":
+            started["t"] = time.perf_counter()
+        elif "t" in started and (took := time.perf_counter() - started.pop("t")) > threshold_s:
+            logger.debug("gc: a generation %d collection took %.1f ms (%d collected)", info.get("generation", -1),
+                         took * 1e3, info.get("collected", 0))
+
+    gc.callbacks.append(callback)
+    return callback
+
+
 def core_process_main(build_core, args, conn) -> None:
     """Process entry: build the core with build_core(args) -> (core, info), then loop. A failure to build is
     sent to the parent; a device fault ends the process (the parent sees the pipe close)."""
@@ -70,10 +94,7 @@ def core_process_main(build_core, args, conn) -> None:
     except BaseException as e:
         conn.send(("error", f"{type(e).__name__}: {e}\n{traceback.format_exc()}"))
         return
-    # what start-up built (model, tokenizer, graphs) lives as long as the process: out of the collector's
-    # sight, so a full collection mid-run scans only what the steps allocate
-    gc.collect()
-    gc.freeze()
+    freeze_heap()
     try:
         import torch
 

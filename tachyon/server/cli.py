@@ -236,6 +236,13 @@ def run_server(args: argparse.Namespace) -> int:
     logger.info("serving %s on %s://%s:%d%s (OpenAI API under /v1, metrics at /metrics)",
                 app.state.serving.model_name, "https" if args.ssl_certfile else "http", host, args.port,
                 args.root_path or "")
+    # the engine core's process froze its own heap; the server's (app, tokenizer, libraries) too: a full
+    # collection there stalls every stream. Suspected, not shown, for the 300-373 ms first-token waits of
+    # requests 324-330 of session_20261207c's H200 Poisson run; the debug log now names each slow collection
+    from tachyon.engine.core_client import freeze_heap, log_slow_collections
+
+    freeze_heap()
+    log_slow_collections()
     Server(config).run()
     logger.info("server stopped")
     return 0

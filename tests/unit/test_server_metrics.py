@@ -61,3 +61,23 @@ def test_debug_log_gives_each_finished_request_its_timeline(llm, monkeypatch, ca
     with caplog.at_level(logging.INFO, logger="tachyon"):  # not at the default level
         sm.on_step([RequestOutput("r8", None, [1], [CompletionOutput(0, "", [4])], True, m)], 0.01)
     assert not [r for r in caplog.records if "r8" in r.getMessage()]
+
+
+def test_slow_collections_are_logged_at_debug(caplog):
+    # a collection that takes over the threshold is a stall every stream sees: `--log-level debug` names it
+    import gc
+    import logging
+
+    from tachyon.engine.core_client import log_slow_collections
+
+    callback = log_slow_collections(threshold_s=0.0)
+    try:
+        with caplog.at_level(logging.DEBUG, logger="tachyon"):
+            gc.collect(1)
+    finally:
+        gc.callbacks.remove(callback)
+    assert any(r.getMessage().startswith("gc: a generation 1 collection took") for r in caplog.records)
+    caplog.clear()
+    with caplog.at_level(logging.DEBUG, logger="tachyon"):
+        gc.collect(1)  # removed: no more lines
+    assert not any(r.getMessage().startswith("gc:") for r in caplog.records)
