@@ -16,6 +16,9 @@
 #   q15:    issue 15: fp8/w8a8 GEMMs above 16 rows tuned on the card, fp8 `sweep` + `throughput`, fp8 + fp8 KV
 #           `throughput`, w8a8 and bf16 `throughput`
 # Usage (repo root, GPU machine): OUT=dir [END_S=560] PARTS="attn serve13" bash benchmarks/gpu_session_t.sh
+# Session 2026-12-07c ran attn + serve13 + diag13 on an H200 (benchmarks/results/h200/session_20261207c). Next:
+#   SERVER_ARGS="--log-level debug" PARTS="serve13 70b" (each request's timeline and any slow collection of the
+#   server process land in server13.log, inside logs.tgz), then PARTS="q15".
 set -u
 export PYTHONPATH=.
 END=${END_S:-560}
