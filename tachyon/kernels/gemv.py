@@ -1,6 +1,6 @@
 """Skinny GEMM (y = x @ W.T + b for a handful of rows): the decode step of a small batch.
 
-With 1 to 16 tokens a linear layer only has to stream its weight once, so its time is the weight's bytes over
+With 1 to 64 tokens a linear layer only has to stream its weight once, so its time is the weight's bytes over
 the memory bandwidth. cuBLAS picks GEMM tiles for these shapes that leave bandwidth unused; this kernel gives
 each program a strip of BLOCK_N output features and walks K with wide, coalesced loads of W.
 
@@ -26,7 +26,11 @@ CONFIGS = [(8, 512, 4, 4), (16, 256, 4, 4), (16, 512, 8, 3), (32, 256, 4, 4), (3
 # one-row candidates that keep a [BLOCK_N, BLOCK_K] fp32 accumulator and reduce it once at the end, instead of
 # a cross-thread reduction every K step (a fifth entry, True, says so)
 ONE_ROW_CONFIGS = [(8, 512, 4, 4, True), (4, 1024, 4, 4, True), (16, 256, 4, 4, True), (8, 1024, 8, 3, True)]
-MAX_ROWS = 16  # the largest row count this kernel is considered for
+# the largest row count this kernel is considered for. 17-64 rows (a Poisson load's decode steps) were cuBLAS's
+# alone until session 2026-12-07c, where cuBLAS read o_proj/qkv at 2.5-3.2 of the H200's 4.24 TB/s at 1-16 rows;
+# the tuner installs the kernel there too only where it measures faster
+MAX_ROWS = 64
+MAX_X_TILE = 16384  # above 16 rows: BLOCK_K x the padded rows at most this (the x tile of every pipeline stage)
 
 
 @triton.jit
@@ -84,7 +88,7 @@ def _gemv_kernel(
 
 def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
          config: tuple = (16, 256, 4, 4), out: torch.Tensor | None = None) -> torch.Tensor:
-    """x [M, K] (M <= 16) @ weight [N, K].T (+ bias [N]) -> [M, N] in x's dtype, accumulated in fp32.
+    """x [M, K] (M <= MAX_ROWS) @ weight [N, K].T (+ bias [N]) -> [M, N] in x's dtype, accumulated in fp32.
     config: (BLOCK_N, BLOCK_K, num_warps, num_stages[, late_reduce]) (CONFIGS, ONE_ROW_CONFIGS)."""
     M, K = x.shape
     N = weight.shape[0]
@@ -106,16 +110,28 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
     _gemv_kernel[(triton.cdiv(N, block_n),)](
         x, weight, bias if bias is not None else weight, y,
         M, N, K, x.stride(0), weight.stride(0), y.stride(0),
-        HAS_BIAS=bias is not None, ONE_ROW=M == 1, M_PAD=16, IEEE=x.dtype == torch.float32, BLOCK_N=block_n,
+        HAS_BIAS=bias is not None, ONE_ROW=M == 1, M_PAD=m_pad(M), IEEE=x.dtype == torch.float32, BLOCK_N=block_n,
         BLOCK_K=min(block_k, max(triton.next_power_of_2(K), 16)), LATE_REDUCE=late, num_warps=warps, num_stages=stages,
         **pdl.launch_args(),
     )
     return y
 
 
+def m_pad(m: int) -> int:
+    """The rows the tl.dot path computes for m rows: a power of two, at least tl.dot's 16."""
+    return max(16, triton.next_power_of_2(m))
+
+
 def row_bucket(m: int) -> int:
-    """The tuned row count that covers m rows: 1, 2, 4, 8 or 16."""
+    """The tuned row count that covers m rows: 1, 2, 4, 8, 16, 32 or 64."""
     return 1 if m <= 1 else triton.next_power_of_2(m)
+
+
+def candidates(m: int) -> list[tuple]:
+    """The configs the tuner times for a row bucket: above 16 rows, those whose x tile fits MAX_X_TILE."""
+    if m == 1:
+        return CONFIGS + ONE_ROW_CONFIGS
+    return [c for c in CONFIGS if m <= 16 or c[1] * m_pad(m) <= MAX_X_TILE]
 
 
 def _forward(self: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
@@ -127,7 +143,7 @@ def _forward(self: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
 
 
 def use_gemv(linear: torch.nn.Linear, configs: dict[int, tuple]) -> None:
-    """Route this layer's calls with up to 16 rows to `gemv` (per row bucket: config, absent = cuBLAS)."""
+    """Route this layer's calls with up to MAX_ROWS rows to `gemv` (per row bucket: config, absent = cuBLAS)."""
     linear.gemv_configs = dict(configs)
     linear.forward = types.MethodType(_forward, linear)
 
@@ -190,7 +206,7 @@ def tune_linears(model: torch.nn.Module, row_counts: list[int]) -> dict:
 
             base = _time_ms(lambda: run_all(None))
             best, best_ms = None, base
-            for cfg in CONFIGS + (ONE_ROW_CONFIGS if m == 1 else []):
+            for cfg in candidates(m):
                 try:
                     why = check_config(x, mods[0], cfg)
                     if why is None:

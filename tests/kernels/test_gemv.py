@@ -5,6 +5,7 @@ import torch.nn.functional as F
 from tachyon.kernels.gemv import (
     CONFIGS,
     ONE_ROW_CONFIGS,
+    candidates,
     check_config,
     gemv,
     row_bucket,
@@ -15,7 +16,7 @@ from tachyon.kernels.gemv import (
 TOL = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 8e-3}
 
 
-@pytest.mark.parametrize("m", [1, 3, 8, 16])
+@pytest.mark.parametrize("m", [1, 3, 8, 16, 40, 64])  # 40, 64: the 17-64-row buckets (x padded to 64)
 @pytest.mark.parametrize("n,k", [(40, 96), (33, 300)])  # N and K not multiples of any block
 @pytest.mark.parametrize("bias", [False, True])
 def test_gemv_matches_linear(dtype, device, rel_err, m, n, k, bias):
@@ -24,7 +25,7 @@ def test_gemv_matches_linear(dtype, device, rel_err, m, n, k, bias):
     w = (torch.randn(n, k) / k ** 0.5).to(device=device, dtype=dtype)
     b = torch.randn(n).to(device=device, dtype=dtype) if bias else None
     ref = F.linear(x.float(), w.float(), b.float() if bias else None)
-    cfgs = (CONFIGS[0], CONFIGS[3], ONE_ROW_CONFIGS[1]) if device == "cpu" else CONFIGS + ONE_ROW_CONFIGS
+    cfgs = (CONFIGS[0], CONFIGS[3], ONE_ROW_CONFIGS[1]) if device == "cpu" else candidates(row_bucket(m))
     for cfg in cfgs:  # a late-reduce config on several rows takes the tl.dot path
         out = gemv(x, w, b, cfg)
         assert out.shape == (m, n) and out.dtype == dtype
@@ -40,8 +41,8 @@ def test_gemv_strided_rows_and_out(device, rel_err):
 
 
 def test_gemv_rejects_bad_shapes(device):
-    with pytest.raises(ValueError, match="at most 16 rows"):
-        gemv(torch.randn(17, 8, device=device), torch.randn(4, 8, device=device))
+    with pytest.raises(ValueError, match="at most 64 rows"):
+        gemv(torch.randn(65, 8, device=device), torch.randn(4, 8, device=device))
     with pytest.raises(ValueError, match="columns"):
         gemv(torch.randn(2, 8, device=device), torch.randn(4, 9, device=device))
 
@@ -63,7 +64,18 @@ def test_check_config_accepts_a_right_kernel_and_refuses_a_wrong_one(device, mon
 
 
 def test_row_bucket():
-    assert [row_bucket(m) for m in (1, 2, 3, 4, 5, 8, 9, 16)] == [1, 2, 4, 4, 8, 8, 16, 16]
+    assert [row_bucket(m) for m in (1, 2, 3, 4, 5, 8, 9, 16, 17, 33, 48, 64)] == [1, 2, 4, 4, 8, 8, 16, 16, 32, 64, 64,
+                                                                                 64]
+
+
+def test_candidates_keep_the_x_tile_small_above_16_rows():
+    # up to 16 rows every config (and the one-row ones at 1); at 32 and 64 only those whose x tile of a stage
+    # (BLOCK_K x padded rows) stays within MAX_X_TILE: (8, 512, ...) would stage 64 KB of x at 64 rows
+    from tachyon.kernels.gemv import MAX_X_TILE
+
+    assert candidates(1) == CONFIGS + ONE_ROW_CONFIGS and candidates(16) == CONFIGS
+    assert CONFIGS[0] in candidates(32) and CONFIGS[0] not in candidates(64)
+    assert candidates(64) and all(c[1] * 64 <= MAX_X_TILE for c in candidates(64))
 
 
 def test_use_gemv_routes_small_batches_only(device, rel_err, monkeypatch):
@@ -74,11 +86,11 @@ def test_use_gemv_routes_small_batches_only(device, rel_err, monkeypatch):
 
     real = mod.gemv
     monkeypatch.setattr(mod, "gemv", lambda *a, **kw: calls.append(a[0].shape[0]) or real(*a, **kw))
-    use_gemv(lin, {1: CONFIGS[0], 4: CONFIGS[1]})
-    for m in (1, 3, 2, 20):  # 1 -> bucket 1, 3 -> bucket 4: gemv; 2 (no config) and 20 (too many): cuBLAS
+    use_gemv(lin, {1: CONFIGS[0], 4: CONFIGS[1], 32: CONFIGS[3]})
+    for m in (1, 3, 2, 20, 40, 70):  # 1, 3 -> buckets 1, 4 and 20 -> 32: gemv; 2 and 40 (no config), 70 (too many)
         x = torch.randn(m, 64, device=device)
         assert rel_err(lin(x), F.linear(x, lin.weight, lin.bias)) <= 1e-5
-    assert calls == [1, 3]
+    assert calls == [1, 3, 20]
 
 
 @pytest.mark.gpu
