@@ -5,7 +5,8 @@
 1. correctness: each kernel against its torch reference in bf16 (relative error ||out - ref|| / ||ref||),
    including a decode step captured in a CUDA graph and replayed with new context lengths;
 2. timings (triton.testing.do_bench, median, L2 flushed between runs): decode attention at batch 1/16/64/256 x
-   context 512/4096/32k, prefill attention 1x4096 and 8x512, fused ops at T = 1/256/8192 against torch;
+   context 512/4096/32k, prefill attention 1x4096, 8x512 and 16x512 (beside torch's SDPA and varlen flash
+   attention where this torch has it), fused ops at T = 1/256/8192 against torch;
    achieved GB/s counts the bytes each kernel must move (for attention: every K/V byte of the context);
 3. small config sweeps for the attention kernels, so the defaults can be tuned from one run.
 Only the torch references in tachyon/layers and AttentionMetadata are used besides the kernels.
@@ -207,7 +208,35 @@ def time_prefill(num_seqs: int, q_len: int) -> dict:
     sdpa = lambda: torch.nn.functional.scaled_dot_product_attention(qd, kd, kd, is_causal=True)
     sdpa_ms = bench_ms(sdpa)
     return {"seqs": num_seqs, "q_len": q_len, "ms": ms, "TFLOPs": flops / ms / 1e9, "sdpa_ms": sdpa_ms,
-            "GBps": (kv_bytes([q_len] * num_seqs) + 2 * q.numel() * DT.itemsize) / ms / 1e6}
+            "GBps": (kv_bytes([q_len] * num_seqs) + 2 * q.numel() * DT.itemsize) / ms / 1e6,
+            **time_varlen(q, k, v, meta.query_start_loc, q_len, out)}
+
+
+def time_varlen(q, k, v, cu_seqlens, max_len: int, ours: torch.Tensor) -> dict:
+    """torch's own varlen flash attention (torch.nn.attention.varlen, where this torch has it) on the same packed
+    fresh prompts, causal, K/V straight from the projections (the case of a prompt with nothing cached): a
+    yardstick for prefill_attention, with its relative difference from ours. Its keyword for causal masking and
+    GQA changed between torch releases: read from its signature."""
+    try:
+        import inspect
+
+        from torch.nn.attention.varlen import varlen_attn
+
+        params = inspect.signature(varlen_attn).parameters
+        kw = {"is_causal": True} if "is_causal" in params else {"window_size": (-1, 0)}
+        if "enable_gqa" in params:
+            kw["enable_gqa"] = True
+        else:  # expand the kv heads
+            k, v = (t.repeat_interleave(q.shape[1] // t.shape[1], dim=1) for t in (k, v))
+        k, v = k.contiguous(), v.contiguous()
+        cu = cu_seqlens.to(torch.int32)
+        fn = lambda: varlen_attn(q, k, v, cu, cu, max_len, max_len, scale=D ** -0.5, **kw)  # noqa: E731
+        got = fn()
+        got = got[0] if isinstance(got, tuple) else got
+        return {"varlen_ms": bench_ms(fn), "varlen_kwargs": sorted(kw),
+                "varlen_rel_diff": ((got.float() - ours.float()).norm() / ours.float().norm()).item()}
+    except Exception as e:  # no varlen attention in this torch, or not for this dtype / card
+        return {"varlen_error": f"{type(e).__name__}: {e}"[:300]}
 
 
 def time_fused(T: int) -> list[dict]:
@@ -256,7 +285,7 @@ def sweep_configs(deadline: float) -> dict:
                 out["decode_splits"].append(time_decode(batch, ctx, num_splits=splits))
         for cfg in [(128, 64, 8, 2), (128, 64, 8, 3), (128, 128, 8, 2), (64, 64, 4, 2), (64, 64, 4, 3)]:
             prefill_mod._tile_config = lambda dtype, d, cfg=cfg: cfg
-            for n, ql in [(1, 4096), (8, 512)]:
+            for n, ql in [(1, 4096), (8, 512), (16, 512)]:  # 16 x 512: the c16 serve load's first burst
                 if time.time() > deadline:
                     return out
                 out["prefill"].append({"block_m,block_n,warps,stages": cfg, **time_prefill(n, ql)})
@@ -279,7 +308,7 @@ def main():
         print(f"  {name:40s} {err}")
 
     report["decode"] = [time_decode(b, c) for c in (512, 4096, 32768) for b in (1, 16, 64, 256)]
-    report["prefill"] = [time_prefill(1, 4096), time_prefill(8, 512)]
+    report["prefill"] = [time_prefill(1, 4096), time_prefill(8, 512), time_prefill(16, 512)]
     report["fused"] = [row for T in (1, 256, 8192) for row in time_fused(T)]
     report["sweeps"] = sweep_configs(deadline=t0 + args.budget_s)
     report["wall_s"] = time.time() - t0
@@ -293,10 +322,12 @@ def main():
     print(f"\n{'decode attention':22s} {'batch':>6s} {'ctx':>6s} {'splits':>6s} {'us':>9s} {'GB/s':>8s}")
     for r in report["decode"]:
         print(f"{'':22s} {r['batch']:6d} {r['ctx']:6d} {r['splits']:6d} {r['ms'] * 1e3:9.1f} {r['GBps']:8.0f}")
-    print(f"\n{'prefill attention':22s} {'seqs':>6s} {'q_len':>6s} {'us':>9s} {'TFLOP/s':>8s} {'sdpa us':>9s}")
+    print(f"\n{'prefill attention':22s} {'seqs':>6s} {'q_len':>6s} {'us':>9s} {'TFLOP/s':>8s} {'sdpa us':>9s} "
+          f"{'varlen us':>9s}")
     for r in report["prefill"]:
+        varlen = f"{r['varlen_ms'] * 1e3:9.1f}" if "varlen_ms" in r else r.get("varlen_error", "")[:60]
         print(f"{'':22s} {r['seqs']:6d} {r['q_len']:6d} {r['ms'] * 1e3:9.1f} {r['TFLOPs']:8.1f} "
-              f"{r['sdpa_ms'] * 1e3:9.1f}")
+              f"{r['sdpa_ms'] * 1e3:9.1f} {varlen}")
     print(f"\n{'fused op':22s} {'T':>6s} {'us':>9s} {'GB/s':>8s}")
     for r in report["fused"]:
         print(f"{r['op']:22s} {r['T']:6d} {r['ms'] * 1e3:9.1f} {r['GBps']:8.0f}")

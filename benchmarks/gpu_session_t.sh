@@ -17,8 +17,11 @@
 #           `throughput`, w8a8 and bf16 `throughput`
 # Usage (repo root, GPU machine): OUT=dir [END_S=560] PARTS="attn serve13" bash benchmarks/gpu_session_t.sh
 # Session 2026-12-07c ran attn + serve13 + diag13 on an H200 (benchmarks/results/h200/session_20261207c). Next:
-#   SERVER_ARGS="--log-level debug" PARTS="serve13 70b" (each request's timeline and any slow collection of the
-#   server process land in server13.log, inside logs.tgz), then PARTS="q15".
+#   SERVER_ARGS="--log-level debug" PARTS="serve13 kern" (each request's timeline and any slow collection of the
+#   server process land in server13.log, inside logs.tgz; startup's gemv_tuning now covers 32/64 rows: see
+#   perf_*.json of any perf run), then PARTS="70b", then PARTS="q15".
+#   kern:   benchmarks/gpu_kernels.py: prefill attention at 16 x 512 against torch's varlen flash attention (an eager
+#           16 x 512 step spends ~6 ms in _prefill_kernel, where SDPA took ~60% of our time at 8 x 512)
 set -u
 export PYTHONPATH=.
 END=${END_S:-560}
@@ -41,6 +44,9 @@ for part in $PARTS; do
     diag13)
       perf_run 8b_poisson_timeline --workloads cold,single,poisson,floor --poisson-variants fine --poisson-timeline \
         --poisson-prompts 400 ;;
+    kern)  # the kernels against torch: prefill attention at 16 x 512 (the c16 burst) beside SDPA and varlen flash
+      timeout 240 python benchmarks/gpu_kernels.py --out "$OUT/kernels.json" --budget-s 150 > "$OUT/kernels.log" 2>&1
+      echo "gpu_kernels rc=$?"; grep -A5 "^prefill attention" "$OUT/kernels.log" ;;
     70b) awq70b_direct ;;
     q15) issue15_curves ;;
   esac
