@@ -18,6 +18,8 @@ scratch comes from a cache keyed by shape, and nothing reads tensor values on th
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import triton
 import triton.language as tl
@@ -222,9 +224,10 @@ DECODE_MIN_CHUNK = 0
 DECODE_FUSED_MERGE = False
 
 
+@functools.cache
 def decode_defaults(device: torch.device, num_kv_heads: int, head_dim: int) -> tuple[int, bool]:
     """(min_chunk, merge) for this GPU and head shape: its measured pick, else (DECODE_MIN_CHUNK,
-    DECODE_FUSED_MERGE)."""
+    DECODE_FUSED_MERGE). Cached: an eager step asks once a layer."""
     from tachyon.kernels.quant_linear import tuned_entry  # the per-GPU tables' reader (a kernels-only import)
 
     tuned = tuned_entry(device, "decode_attention", "all", f"{num_kv_heads}x{head_dim}")

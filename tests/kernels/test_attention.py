@@ -202,8 +202,12 @@ def test_decode_defaults_read_the_gpu_table(monkeypatch):
 
     table = {("decode_attention", "all", "8x128"): (512, True)}
     monkeypatch.setattr(quant_linear, "tuned_entry", lambda dev, fmt, bucket, key: table.get((fmt, bucket, key)))
-    assert decode_defaults(torch.device("cpu"), 8, 128) == (512, True)
-    assert decode_defaults(torch.device("cpu"), 4, 128) == (DECODE_MIN_CHUNK, DECODE_FUSED_MERGE)
+    decode_defaults.cache_clear()  # earlier calls cached the real table's answer; this one's must not outlive it
+    try:
+        assert decode_defaults(torch.device("cpu"), 8, 128) == (512, True)
+        assert decode_defaults(torch.device("cpu"), 4, 128) == (DECODE_MIN_CHUNK, DECODE_FUSED_MERGE)
+    finally:
+        decode_defaults.cache_clear()
 
 
 def test_decode_split_policy():
