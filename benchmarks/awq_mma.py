@@ -48,6 +48,7 @@ from tachyon.kernels.quant_linear import (  # noqa: E402
     awq_linear,
     awq_linear_ref,
     default_config,
+    merge_tuned,
     row_bucket,
     tuned_key,
 )
@@ -71,22 +72,16 @@ def time_configs(fn, configs: list, ws: list, ref: torch.Tensor, over_budget) ->
 
 def write_tuned(report: dict, path: str) -> None:
     """The fastest K-major config of each timed (M, layer) under "awq_kmajor" -> bucket -> "NxKgG" in path."""
-    try:
-        with open(path) as f:
-            table = json.load(f)
-    except FileNotFoundError:
-        table = {"device": report["gpu"]}
-    section = table.setdefault("configs", {}).setdefault("awq_kmajor", {})
+    entries = {}
     for row in report["results"]:
         best = row.get("mma_best")
         # a tile config serves up to MMA_MAX_ROWS rows (kmajor_config): a row count past it only reports
         if best and row["M"] <= MMA_MAX_ROWS:
             key = tuned_key(row["N"], row["K"], report["group"])
-            section.setdefault(row_bucket(row["M"]), {})[key] = list(ast.literal_eval(best["config"]))
-    table["awq_kmajor_made_by"] = ("benchmarks/awq_mma.py --write-tuned (the fastest K-major config per row bucket "
-                                   f"and shape; {report['command']})")
-    with open(path, "w") as f:
-        json.dump(table, f, indent=1)
+            entries["awq_kmajor", row_bucket(row["M"]), key] = list(ast.literal_eval(best["config"]))
+    merge_tuned(path, entries, {"awq_kmajor_made_by": ("benchmarks/awq_mma.py --write-tuned (the fastest K-major "
+                                                       f"config per row bucket and shape; {report['command']})")},
+                {"device": report["gpu"]})
     print("wrote", path)
 
 

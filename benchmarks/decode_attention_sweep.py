@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import time
 
 import torch
@@ -29,6 +28,7 @@ import triton
 
 from tachyon.kernels import decode_attention as mod
 from tachyon.kernels.decode_attention import decode_attention, num_decode_splits
+from tachyon.kernels.quant_linear import merge_tuned
 from tachyon.kernels.timing import per_call_ms
 
 HQ, HKV, D, PAGE = 32, 8, 128, 16
@@ -166,20 +166,13 @@ def pick_defaults(rows: list[dict], gain: float = 0.98, worst: float = 1.05, max
 
 def write_tuned(path: str, result: dict) -> None:
     """Merge the pick into a per-GPU table: configs["decode_attention"]["all"]["HKVxD"] = [min_chunk, merge]."""
-    table = {}
-    if os.path.exists(path):
-        with open(path) as f:
-            table = json.load(f)
-    table.setdefault("device", result["device"])
     pick = result["pick"]
-    table.setdefault("configs", {}).setdefault("decode_attention", {}).setdefault("all", {})[f"{HKV}x{D}"] = [
-        pick["min_chunk"], pick["merge"]]
-    table["decode_attention_made_by"] = (
-        f"benchmarks/decode_attention_sweep.py --write-tuned ({len(result['rows'])} rows, {result['wall_s']:.0f} s, "
-        f"torch {result['torch']}, triton {result['triton']}): geometric-mean time over the unmodified kernel "
-        f"{json.dumps(pick['scores'])}")
-    with open(path, "w") as f:
-        json.dump(table, f, indent=1)
+    merge_tuned(path, {("decode_attention", "all", f"{HKV}x{D}"): [pick["min_chunk"], pick["merge"]]},
+                {"decode_attention_made_by": (
+                    f"benchmarks/decode_attention_sweep.py --write-tuned ({len(result['rows'])} rows, "
+                    f"{result['wall_s']:.0f} s, torch {result['torch']}, triton {result['triton']}): geometric-mean "
+                    f"time over the unmodified kernel {json.dumps(pick['scores'])}")},
+                {"device": result["device"]})
 
 
 if __name__ == "__main__":

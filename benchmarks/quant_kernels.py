@@ -19,7 +19,6 @@ import argparse
 import ast
 import json
 import math
-import os
 import time
 
 import torch
@@ -32,6 +31,7 @@ from tachyon.kernels.quant_linear import (
     awq_linear_ref,
     int8_linear,
     int8_linear_ref,
+    merge_tuned,
     row_bucket,
     tuned_key,
 )
@@ -197,14 +197,6 @@ def bench(report: dict, deadline: float, rows: list[int], fmts: tuple[str, ...],
 def write_tuned(report: dict, path: str) -> None:
     """Per (format, row bucket, N x K): the config with the least total time over the bucket's timed rows (only
     configs timed at every one of them count); merged into what the file already holds."""
-    try:
-        with open(path) as f:
-            table = json.load(f)
-    except FileNotFoundError:
-        table = {}
-    table.update({"device": report["device"], "torch": report["torch"], "triton": report["triton"],
-                  "made_by": "PYTHONPATH=. python benchmarks/quant_kernels.py --write-tuned PATH"})
-    configs = table.setdefault("configs", {})
     totals: dict = {}
     for row in report["timings"]:
         for fmt in ("int8", "awq"):
@@ -212,14 +204,14 @@ def write_tuned(report: dict, path: str) -> None:
             slot = totals.setdefault((fmt, row_bucket(row["M"]), key), {})
             for cfg, t in row[fmt]["configs"].items():
                 slot.setdefault(cfg, []).append(t)
-    for (fmt, bucket, key), per_cfg in totals.items():
+    entries = {}
+    for slot, per_cfg in totals.items():
         rows = max((len(v) for v in per_cfg.values()), default=0)
         ok = {c: sum(v) for c, v in per_cfg.items() if len(v) == rows and all(isinstance(t, float) for t in v)}
         if ok:
-            configs.setdefault(fmt, {}).setdefault(bucket, {})[key] = list(ast.literal_eval(min(ok, key=ok.get)))
-    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-    with open(path, "w") as f:
-        json.dump(table, f, indent=1)
+            entries[slot] = list(ast.literal_eval(min(ok, key=ok.get)))
+    merge_tuned(path, entries, {"device": report["device"], "torch": report["torch"], "triton": report["triton"],
+                                "made_by": "PYTHONPATH=. python benchmarks/quant_kernels.py --write-tuned PATH"}, {})
     print(f"wrote the tuned table {path}", flush=True)
 
 

@@ -25,7 +25,7 @@ import time
 import torch
 import triton
 
-from tachyon.kernels.quant_linear import int8_linear, row_bucket, tuned_key
+from tachyon.kernels.quant_linear import int8_linear, merge_tuned, row_bucket, tuned_key
 from tachyon.kernels.scaled_linear import (
     CUBLAS_CONFIG,
     GEMM_CONFIGS,
@@ -188,18 +188,12 @@ def main() -> None:
 
 def write_tuned(result: dict, path: str) -> None:
     """The fastest config per (format, row bucket, N x K), merged into the table quant_kernels.py also writes."""
-    try:
-        with open(path) as f:
-            table = json.load(f)
-    except FileNotFoundError:
-        table = {"device": result["device"], "torch": result["torch"], "triton": triton.__version__}
-    configs = table.setdefault("configs", {})
+    entries = {}
     for row in result["walk_configs"]:
         best = next(c for c in SMALL_CONFIGS + GEMM_CONFIGS if str(c) == row["best"])
-        configs.setdefault(row["fmt"], {}).setdefault(row_bucket(row["M"]), {})[tuned_key(row["N"], row["K"])] = best
-    table["made_by_scaled"] = "PYTHONPATH=. python benchmarks/scaled_kernels.py --write-tuned PATH"
-    with open(path, "w") as f:
-        json.dump(table, f, indent=1)
+        entries[row["fmt"], row_bucket(row["M"]), tuned_key(row["N"], row["K"])] = best
+    merge_tuned(path, entries, {"made_by_scaled": "PYTHONPATH=. python benchmarks/scaled_kernels.py --write-tuned PATH"},
+                {"device": result["device"], "torch": result["torch"], "triton": triton.__version__})
 
 
 if __name__ == "__main__":

@@ -122,6 +122,24 @@ def _tuned_table(device_name: str) -> dict:
             for fmt, buckets in table.get("configs", {}).items()}
 
 
+def merge_tuned(path: str, entries: dict[tuple[str, str, str], list], notes: dict, new_table: dict) -> None:
+    """What the tuning scripts write (`--write-tuned`): entries {(format, row bucket, key): config} merged into the
+    per-GPU table at path (the rest of it stays; new_table's keys start a file that is not there) and the top-level
+    notes (who made them) set."""
+    try:
+        with open(path) as f:
+            table = json.load(f)
+    except FileNotFoundError:
+        table = dict(new_table)
+    table.update(notes)
+    configs = table.setdefault("configs", {})
+    for (fmt, bucket, key), cfg in entries.items():
+        configs.setdefault(fmt, {}).setdefault(bucket, {})[key] = cfg
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    with open(path, "w") as f:
+        json.dump(table, f, indent=1)
+
+
 @functools.cache
 def _device_table(index: int) -> dict:
     return _tuned_table(torch.cuda.get_device_name(index))
