@@ -61,9 +61,10 @@ awq70b_direct() {  # llama3-70b's K-major tiles timed at 64/256 rows (the direct
     --sweep-concurrency 1,16,64,256 --sweep-out 128
 }
 
-issue15_curves() {  # llama3-8b's fp8/w8a8 GEMMs above 16 rows tuned, then fp8 sweep + throughput, fp8 with the fp8
-  # KV cache, w8a8 and bf16 throughput
-  tune_scaled ${TUNE15_S:-200} 64,256,4096 ""
+issue15_curves() {  # llama3-8b's fp8/w8a8 linears tuned (GEMMs at 64/256/4096 rows, every small-rows config at 4
+  # and 16 rows: the weight-only "wo" kind is new), then fp8 sweep + throughput, fp8 with the fp8 KV cache, w8a8 and
+  # bf16 throughput
+  tune_scaled ${TUNE15_S:-240} ${TUNE15_ROWS:-64,256,4096} "${TUNE15_CONFIG_ROWS-4,16}"
   perf_run 8b_fp8 --quantization fp8 --workloads sweep,throughput
   perf_run 8b_fp8_kvfp8 --quantization fp8 --kv-cache-dtype fp8 --workloads throughput
   perf_run 8b_w8a8 --quantization w8a8 --workloads throughput

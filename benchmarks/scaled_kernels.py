@@ -1,7 +1,8 @@
 """W8A8 linears on the GPU (kernels/scaled_linear.py): correctness against the torch reference, then per-layer
 times of llama3-8b's and llama3-70b's linears at 1..4096 rows for bf16 cuBLAS, int8 weight-only, and fp8 / w8a8
 through each path (the row walk, `_scaled_mm` with and without fast accumulation, `_int_mm`); every small-rows
-config (walk and tensor-core dot) at 1, 4 and 16 rows; above 16 rows cuBLAS against the fused GEMM's configs.
+config (walk, tensor-core dot, weight-only) at 1, 4 and 16 rows; above 16 rows cuBLAS against the fused GEMM's and
+the weight-only configs (a "wo" config is checked against the weight-only product, `scaled_weight_only_ref`).
 `--write-tuned` keeps the fastest per shape and row bucket. Times: median of CUDA-graph replays of 10 calls each,
 weights larger than L2 so they come from HBM.
 
@@ -35,6 +36,7 @@ from tachyon.kernels.scaled_linear import (
     quantize_rows,
     scaled_linear,
     scaled_linear_ref,
+    scaled_weight_only_ref,
 )
 from tachyon.kernels.timing import per_call_ms
 from tachyon.models.llama import MLP, DecoderLayer
@@ -80,6 +82,12 @@ def _fastest_correct(ms: dict, err: dict) -> str:
     if bad:
         print("WRONG", bad, flush=True)
     return min((c for c in ms if c not in bad), key=ms.get)
+
+
+def _refs(x: torch.Tensor, q: torch.Tensor, s: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(the W8A8 reference, the weight-only one): a "wo" config is checked against the product it computes (x not
+    rounded), the others against x's rows quantized."""
+    return scaled_linear_ref(x, q, s), scaled_weight_only_ref(x, q, s)
 
 
 def _pre(x: torch.Tensor, q: torch.Tensor, layer: str, fused: bool):
@@ -144,13 +152,13 @@ def main() -> None:
             row["ms"] = t
             if m > MAX_ROW_WALK_ROWS:  # cuBLAS against the fused GEMM's configs, for the tuned table
                 for name, q, s in (("fp8", qf, sf), ("w8a8", q8, s8)):
-                    ref = scaled_linear_ref(x, q, s)
+                    refs = _refs(x, q, s)
                     pre = _pre(x, q, layer, args.fused)
                     cfgs = [c for c in GEMM_CONFIGS if c[0] != "cublas" or cublas_takes(x, q)]
                     err, ms = {}, {}
                     for c in cfgs:
                         _try(err, ms, str(c), lambda x=x, q=q, s=s, c=c, pre=pre: scaled_linear(
-                            x, q, s, config=c, pre=pre), ref)
+                            x, q, s, config=c, pre=pre), refs[c[0] == "wo"])
                     best = _fastest_correct(ms, err)
                     result["walk_configs"].append({"model": model, "layer": layer, "N": n, "K": k, "M": m,
                                                    "fmt": name, "ms": ms, "err": err, "best": best})
@@ -166,13 +174,13 @@ def main() -> None:
                 break
             x = torch.randn(m, k, device=dev, generator=g).to(torch.bfloat16)
             for name, q, s in (("fp8", qf, sf), ("w8a8", q8, s8)):
-                ref = scaled_linear_ref(x, q, s)
+                refs = _refs(x, q, s)
                 pre = _pre(x, q, layer, args.fused)
                 ms, err = {}, {}
                 # cuBLAS (after quantize_rows) beside the walks where it takes the rows: fp8 at any count
                 for cfg in SMALL_CONFIGS + ([CUBLAS_CONFIG] if cublas_takes(x, q) else []):
                     _try(err, ms, str(cfg), lambda x=x, q=q, s=s, cfg=cfg, pre=pre: scaled_linear(
-                        x, q, s, config=cfg, force_walk=True, pre=pre), ref)
+                        x, q, s, config=cfg, force_walk=True, pre=pre), refs[cfg[0] == "wo"])
                 best = _fastest_correct(ms, err)
                 result["walk_configs"].append({"model": model, "layer": layer, "N": n, "K": k, "M": m, "fmt": name,
                                                "ms": ms, "err": err, "best": best})

@@ -219,6 +219,14 @@ def _int8_to_float(w):
 
 
 @triton.jit
+def _weight8_to_float(w):
+    """An int8 or float8 E4M3 weight tile -> fp32 (the one-row walk's FMAs)."""
+    if w.dtype == tl.float8e4nv:
+        return w.to(tl.float32)
+    return _int8_to_float(w)
+
+
+@triton.jit
 def _int8_kernel(
     x_ptr, w_ptr, s_ptr, b_ptr, out_ptr,
     M, N, K, K_SPLIT, stride_xm, stride_om, stride_os,
@@ -246,7 +254,7 @@ def _int8_kernel(
             mask_k = kk < K  # K_SPLIT is a multiple of BLOCK_K: only the last tile of K is partial
             w = tl.load(w_rows + kk[None, :], mask=mask_n[:, None] & mask_k[None, :], other=0)
             x = tl.load(x_row + kk, mask=mask_k, other=0.0)
-            prod = _int8_to_float(w) * x.to(tl.float32)[None, :]
+            prod = _weight8_to_float(w) * x.to(tl.float32)[None, :]
             if LATE_REDUCE:
                 acc2 += prod
             else:
@@ -267,7 +275,7 @@ def _int8_kernel(
             mask_k = kk < K
             x = tl.load(x_rows + kk[None, :], mask=mask_m[:, None] & mask_k[None, :], other=0.0)
             w = tl.load(w_rows + kk[None, :], mask=mask_n[:, None] & mask_k[None, :], other=0)
-            w = tl.trans(w.to(x_ptr.dtype.element_ty))  # |q| <= 128: exact in fp16 and bf16
+            w = tl.trans(w.to(x_ptr.dtype.element_ty))  # |q| <= 128 and E4M3 (3 mantissa bits): exact in fp16, bf16
             if IEEE:
                 acc = tl.dot(x, w, acc, input_precision="ieee")
             else:
@@ -719,8 +727,18 @@ def int8_linear(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, bi
     if x.shape[0] == 0:
         return y
     cfg = config if config is not None else default_config("int8", x.shape[0], n, k, x.device)
-    return _launch(_int8_kernel, x, (qweight, scales), (x.shape[0], n), bias, y, n, k, cfg,
-                   max_block_k=max(16, triton.next_power_of_2(k)), weight_bytes=n * k + n * scales.element_size())
+    return weight8_linear(x, qweight, scales, bias, y, cfg)
+
+
+def weight8_linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None,
+                   y: torch.Tensor, config: tuple) -> torch.Tensor:
+    """x [M, K] @ (weight [N, K] * scale [N, 1]).T (+ bias) into y: an int8 or float8 E4M3 weight with a scale
+    per output feature of any float dtype, x not quantized (the INT8 weight-only kernels, config an INT8_CONFIGS
+    entry). The W8A8 layers' decode path where it measures faster than quantizing the rows (`scaled_linear`'s
+    "wo" configs): the same bytes of weight, no activation rounding."""
+    n, k = weight.shape
+    return _launch(_int8_kernel, x, (weight, scale), (x.shape[0], n), bias, y, n, k, config,
+                   max_block_k=max(16, triton.next_power_of_2(k)), weight_bytes=n * k + n * scale.element_size())
 
 
 def awq_linear(x: torch.Tensor, qweight: torch.Tensor, qzeros: torch.Tensor, scales: torch.Tensor,

@@ -150,6 +150,17 @@ def scaled_linear_ref(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch
     return y.to(x.dtype)
 
 
+def scaled_weight_only_ref(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor,
+                           bias: torch.Tensor | None = None) -> torch.Tensor:
+    """A W8A8 layer's weight-only product ("wo" configs): x unquantized @ (weight * weight_scale[:, None]).T in fp32
+    (+ bias) -> x's dtype."""
+    check_scaled_args(x, weight, weight_scale, bias, None, "scaled_weight_only_ref")
+    y = x.float() @ (weight.float() * weight_scale[:, None]).T
+    if bias is not None:
+        y += bias.float()
+    return y.to(x.dtype)
+
+
 def awq_linear_ref(x: torch.Tensor, qweight: torch.Tensor, qzeros: torch.Tensor, scales: torch.Tensor,
                    group_size: int, bias: torch.Tensor | None = None) -> torch.Tensor:
     """x [M, K] @ w [K, N] (+ bias), w = (q - z) * s per group of group_size rows, in fp32 -> x's dtype."""

@@ -22,6 +22,11 @@ walk up to MAX_ROW_WALK_ROWS rows and cuBLAS above:
   `torch._int_mm` (int32 out) and `_int_epilogue_kernel` (scales, bias, cast); or
   "gemm": `_w8a8_gemm_kernel`, an 8-bit tensor-core GEMM with the scales and bias in its epilogue (the int32
   products never go to memory).
+- "wo" at any rows where the table measured it fastest: the weight-only kernels of int8 weight-only
+  (`quant_linear.weight8_linear`: the one-row FMA walk, or the weight tile cast to x's dtype for a tensor-core dot),
+  x not quantized. The same weight bytes as the walk; no activation rounding, so its output is the weight-only
+  product (`scaled_weight_only_ref`), nearer the unquantized layer than the W8A8 one. It exists because the
+  quantizing kernels lose to it at 2-16 rows (H200: fp8 `dot` down_proj 16 rows 49.1 us, int8 weight-only 22.0).
 Shapes the cuBLAS paths do not take (K or N not a multiple of 16, an fp16 or fp32 x for fp8) go through the
 row walk at any number of rows.
 """
@@ -33,14 +38,25 @@ import triton
 import triton.language as tl
 
 from tachyon.kernels import pdl
-from tachyon.kernels.quant_linear import _int8_to_float, row_bucket, tuned_entry, tuned_key
-from tachyon.kernels.quant_ref import SCALED_QMAX, check_scaled_args, quantize_rows_ref, scaled_linear_ref  # noqa: F401
+from tachyon.kernels.quant_linear import _int8_to_float, row_bucket, tuned_entry, tuned_key, weight8_linear
+from tachyon.kernels.quant_ref import (  # noqa: F401
+    SCALED_QMAX,
+    check_scaled_args,
+    quantize_rows_ref,
+    scaled_linear_ref,
+    scaled_weight_only_ref,
+)
 from tachyon.kernels.splits import finish_split, num_sms, output_buffer, split_counters, split_k, sum_splits
 
 MAX_ROW_WALK_ROWS = 16  # up to this many rows a linear layer is bandwidth-bound: the row walk
 ROW_WALK_CONFIG = ("walk", 16, 512, 4, 4)  # kind, BLOCK_N, BLOCK_K, num_warps, num_stages
 WALK_KINDS = ("walk", "lwalk", "dot", "qwalk", "qdot")  # the small-rows kernels (`_row_walk`)
 CUBLAS_CONFIG = ("cublas",)  # quantize_rows, then torch._scaled_mm (fp8) or torch._int_mm + _int_epilogue_kernel
+# ("wo", BLOCK_M, BLOCK_N, BLOCK_K, SPLIT_K, num_warps, num_stages): x unquantized through the weight-only kernels
+# (an INT8_CONFIGS entry after the kind; BLOCK_M 1 the FMA walk, a program per row; 16+ a tensor-core dot)
+WO_SMALL_CONFIGS = [("wo", 1, 16, 512, 0, 4, 4), ("wo", 1, 8, 512, 0, 4, 4), ("wo", 16, 32, 256, 0, 4, 4),
+                    ("wo", 16, 16, 512, 0, 4, 4), ("wo", 16, 64, 256, 0, 8, 3), ("wo", 16, 32, 512, 0, 4, 3),
+                    ("wo", 16, 64, 128, 0, 4, 4)]
 SMALL_CONFIGS = [("walk", 16, 512, 4, 4), ("walk", 8, 512, 4, 4), ("walk", 32, 256, 4, 4), ("walk", 16, 1024, 8, 3),
                  ("walk", 32, 512, 8, 3), ("walk", 64, 256, 8, 3), ("walk", 8, 2048, 8, 2), ("walk", 16, 2048, 8, 2),
                  ("lwalk", 16, 256, 4, 4), ("lwalk", 8, 512, 4, 4), ("lwalk", 32, 128, 4, 4), ("lwalk", 16, 512, 8, 3),
@@ -48,10 +64,12 @@ SMALL_CONFIGS = [("walk", 16, 512, 4, 4), ("walk", 8, 512, 4, 4), ("walk", 32, 2
                  ("dot", 64, 128, 4, 4), ("dot", 64, 256, 4, 3), ("dot", 128, 128, 4, 3), ("dot", 32, 256, 4, 4),
                  ("dot", 128, 256, 8, 3), ("dot", 64, 512, 4, 3), ("qdot", 64, 128, 4, 4), ("qdot", 64, 256, 4, 3),
                  ("qdot", 128, 128, 4, 3), ("qdot", 32, 256, 4, 4), ("qdot", 128, 256, 8, 3), ("qdot", 64, 512, 4, 4),
-                 ("qdot", 128, 512, 8, 2)]
-# above MAX_ROW_WALK_ROWS: cuBLAS or the fused GEMM ("gemm", BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages)
+                 ("qdot", 128, 512, 8, 2)] + WO_SMALL_CONFIGS
+# above MAX_ROW_WALK_ROWS: cuBLAS or the fused GEMM ("gemm", BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages),
+# or the weight-only dot
 GEMM_CONFIGS = [CUBLAS_CONFIG, ("gemm", 32, 128, 128, 4, 4), ("gemm", 64, 128, 128, 4, 4), ("gemm", 64, 256, 128, 8, 3),
-                ("gemm", 128, 128, 128, 8, 3), ("gemm", 128, 256, 128, 8, 3), ("gemm", 16, 128, 256, 4, 4)]
+                ("gemm", 128, 128, 128, 8, 3), ("gemm", 128, 256, 128, 8, 3), ("gemm", 16, 128, 256, 4, 4),
+                ("wo", 32, 64, 256, 0, 4, 3), ("wo", 64, 64, 128, 0, 4, 4), ("wo", 64, 128, 128, 0, 4, 3)]
 QUANTIZE_ONE_TILE = 16384  # rows up to this long are quantized from registers (at most 32 fp32 a thread)
 _ROUND = tl.constexpr(12582912.0)  # 1.5 * 2**23: (v + it) - it rounds |v| < 2**22 to the nearest even integer
 
@@ -401,6 +419,8 @@ def scaled_linear(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Ten
     y = output_buffer(x, n, out) if kind != "cublas" or out is not None or weight.dtype == torch.int8 else None
     if m == 0:
         return y
+    if kind == "wo":
+        return weight8_linear(x, weight, weight_scale, bias, y, config[1:])
     if kind in WALK_KINDS:
         return _row_walk(x, weight, weight_scale, bias, input_scale, y, config, pre)
     xq, xs = pre if pre is not None else quantize_rows(x, weight.dtype, input_scale)

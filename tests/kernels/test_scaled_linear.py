@@ -88,6 +88,33 @@ def test_scaled_linear_matches_ref(dtype, device, rel_err, qtype, m, static):
 
 
 @pytest.mark.parametrize("qtype", QTYPES)
+@pytest.mark.parametrize("m", [1, 3, 16, 40])
+@pytest.mark.parametrize("static", [False, True])
+def test_weight_only_configs_compute_the_unquantized_product(dtype, device, rel_err, qtype, m, static):
+    # "wo": x is not rounded (a static input scale does not clamp it either), so the output is the weight-only
+    # product, nearer it than the W8A8 reference is: row 0's outlier (30.0) makes its int8 / E4M3 steps coarse.
+    # Every small and GEMM "wo" config, partial tiles in N (80) and K (96), K split in 3 where BLOCK_K is 32.
+    from tachyon.kernels.scaled_linear import GEMM_CONFIGS, SMALL_CONFIGS, scaled_weight_only_ref
+
+    torch.manual_seed(11 + m)
+    k, n = 96, 80
+    w, ws = _weight(n, k, qtype, device)
+    x = _x(m, k, dtype, device)
+    bias = torch.randn(n).to(device=device, dtype=dtype)
+    scale = torch.tensor([0.05], device=device) if static else None
+    ref = scaled_weight_only_ref(x, w, ws, bias)
+    w8a8_gap = rel_err(scaled_linear_ref(x, w, ws, bias, scale), ref)
+    tol = 1e-2 if dtype == torch.bfloat16 else 1e-3
+    assert w8a8_gap > 2 * tol  # (the check below tells the two products apart)
+    configs = [c for c in SMALL_CONFIGS + GEMM_CONFIGS if c[0] == "wo"] + [("wo", 16, 32, 32, 3, 4, 2),
+                                                                             ("wo", 1, 16, 32, 3, 4, 2)]
+    for cfg in configs:
+        out = torch.full((m, n), float("nan"), dtype=dtype, device=device)
+        assert scaled_linear(x, w, ws, bias, scale, config=cfg, out=out) is out
+        assert rel_err(out, ref) < tol, cfg
+
+
+@pytest.mark.parametrize("qtype", QTYPES)
 def test_rows_quantized_by_a_producer_replace_the_quantize_launch(dtype, device, qtype):
     # pre = the rows of 2x quantized: the kernels that quantize first take them (and give 2x's product); those that
     # read x itself ignore them (x's product)
@@ -97,7 +124,8 @@ def test_rows_quantized_by_a_producer_replace_the_quantize_launch(dtype, device,
     x = _x(m, k, dtype, device)
     pre = quantize_rows(2 * x, qtype)
     for config in [("qdot", 16, 32, 4, 2), ("qwalk", 16, 32, 4, 2), ("gemm", 16, 64, 64, 4, 2),
-                   ("walk", 16, 32, 4, 2), ("lwalk", 16, 32, 4, 2), ("dot", 16, 32, 4, 2)]:
+                   ("walk", 16, 32, 4, 2), ("lwalk", 16, 32, 4, 2), ("dot", 16, 32, 4, 2),
+                   ("wo", 16, 32, 32, 0, 4, 2)]:
         got = scaled_linear(x, w, ws, config=config, force_walk=config[0] != "gemm", pre=pre)
         takes = config[0] in ("qdot", "qwalk", "gemm")
         expect = scaled_linear(2 * x if takes else x, w, ws, config=config, force_walk=config[0] != "gemm")
@@ -194,7 +222,7 @@ def _tuned_scaled_entries():
 def test_every_tuned_scaled_config_is_a_candidate_and_computes_the_product(device, rel_err):
     # each committed table's fp8/w8a8 entries: one the tuner could have written, and (int8, small shapes that clip
     # the tiles, K split where the walk splits it) its kernel matches the reference at a row count of its bucket
-    from tachyon.kernels.scaled_linear import GEMM_CONFIGS, SMALL_CONFIGS
+    from tachyon.kernels.scaled_linear import GEMM_CONFIGS, SMALL_CONFIGS, scaled_weight_only_ref
 
     rows = {"one_row": 1, "few": 3, "skinny": 9, "gemm": 20, "prefill": 20}
     entries = list(_tuned_scaled_entries())
@@ -209,5 +237,6 @@ def test_every_tuned_scaled_config_is_a_candidate_and_computes_the_product(devic
             continue
         seen.add(key)
         x = _x(rows[bucket], 1024, torch.float32 if device == "cpu" else torch.bfloat16, device)
-        out = scaled_linear(x, w, ws, config=cfg, force_walk=cfg[0] not in ("cublas", "gemm"))
-        assert rel_err(out, scaled_linear_ref(x, w, ws)) < 2e-2, (name, bucket, cfg)
+        out = scaled_linear(x, w, ws, config=cfg, force_walk=cfg[0] not in ("cublas", "gemm", "wo"))
+        ref = (scaled_weight_only_ref if cfg[0] == "wo" else scaled_linear_ref)(x, w, ws)
+        assert rel_err(out, ref) < 2e-2, (name, bucket, cfg)
