@@ -252,7 +252,7 @@ def _int8_kernel(
         for k0 in range(k_start, k_end, BLOCK_K):
             kk = k0 + offs_k
             mask_k = kk < K  # K_SPLIT is a multiple of BLOCK_K: only the last tile of K is partial
-            w = tl.load(w_rows + kk[None, :], mask=mask_n[:, None] & mask_k[None, :], other=0)
+            w = tl.load(w_rows + kk[None, :], mask=mask_n[:, None] & mask_k[None, :], other=0.0)
             x = tl.load(x_row + kk, mask=mask_k, other=0.0)
             prod = _weight8_to_float(w) * x.to(tl.float32)[None, :]
             if LATE_REDUCE:
@@ -274,7 +274,7 @@ def _int8_kernel(
             kk = k0 + offs_k
             mask_k = kk < K
             x = tl.load(x_rows + kk[None, :], mask=mask_m[:, None] & mask_k[None, :], other=0.0)
-            w = tl.load(w_rows + kk[None, :], mask=mask_n[:, None] & mask_k[None, :], other=0)
+            w = tl.load(w_rows + kk[None, :], mask=mask_n[:, None] & mask_k[None, :], other=0.0)
             w = tl.trans(w.to(x_ptr.dtype.element_ty))  # |q| <= 128 and E4M3 (3 mantissa bits): exact in fp16, bf16
             if IEEE:
                 acc = tl.dot(x, w, acc, input_precision="ieee")
