@@ -31,6 +31,10 @@ from tachyon.sampling_params import SamplingParams
 logger = logging.getLogger("tachyon")
 
 
+SLOW_STEP_S = 0.25  # a core step (schedule, launch, land) longer than this is logged at debug: the longest
+# normal one, an 8,192-token prefill, takes ~0.17 s of device time on an H200
+
+
 class EngineCoreDeadError(RuntimeError):
     """The engine core process is gone."""
 
@@ -57,7 +61,11 @@ def run_core_loop(core, conn, info: dict) -> None:
             timeout = 0.0
         core.check_runner()  # a dead tensor-parallel worker stops the core even while it is idle
         if core.has_unfinished_requests() or core.in_flight:
+            t0 = time.perf_counter()
             outputs = core.step()
+            if (took := time.perf_counter() - t0) > SLOW_STEP_S:
+                logger.debug("a core step took %.0f ms (%d steps in flight after it, %d outputs)", took * 1e3,
+                             len(core.in_flight), len(outputs))
             if outputs:
                 conn.send(("out", outputs, core.stats()))
 
@@ -86,15 +94,44 @@ def log_slow_collections(threshold_s: float = 0.02):
     return callback
 
 
-def core_process_main(build_core, args, conn) -> None:
+def watch_compiles() -> bool:
+    """From now on, log (warning) every Triton kernel variant this process compiles or loads from the disk cache:
+    after start-up each one is a stall of the step that launches it (0.1-1 s for a compile), and a sign that a
+    warm-up missed a specialization. Returns whether Triton offers the hooks."""
+    try:
+        from triton import knobs
+    except ImportError:
+        return False
+    started: dict[str, float] = {}
+
+    def before(*, key, **_) -> bool:
+        started[str(key)] = time.perf_counter()
+        return False  # (True would skip the compile)
+
+    def after(*, key, repr, **_) -> None:
+        t0 = started.pop(str(key), None)
+        took = "" if t0 is None else f" in {(time.perf_counter() - t0) * 1e3:.0f} ms"
+        logger.warning("Triton compiled a kernel variant while serving%s (the step that launched it waited): %s",
+                       took, repr)
+
+    knobs.runtime.jit_cache_hook = before
+    knobs.runtime.jit_post_compile_hook = after
+    return True
+
+
+def core_process_main(build_core, args, conn, log_level: int = logging.WARNING) -> None:
     """Process entry: build the core with build_core(args) -> (core, info), then loop. A failure to build is
-    sent to the parent; a device fault ends the process (the parent sees the pipe close)."""
+    sent to the parent; a device fault ends the process (the parent sees the pipe close). The process logs at
+    the parent's level (a spawned child starts with no logging set up), its records marked [core]."""
+    logging.basicConfig(level=log_level, format="%(asctime)s %(levelname)s %(name)s[core]: %(message)s")
     try:
         core, info = build_core(args)
     except BaseException as e:
         conn.send(("error", f"{type(e).__name__}: {e}\n{traceback.format_exc()}"))
         return
     freeze_heap()
+    log_slow_collections()
+    watch_compiles()
     try:
         import torch
 
@@ -116,8 +153,8 @@ class MPEngineClient:
     def __init__(self, build_core, args, tokenizer, startup_timeout: float = 1800.0):
         ctx = mp.get_context("spawn")  # CUDA cannot be forked
         self._conn, child = ctx.Pipe(duplex=True)
-        self.process = ctx.Process(target=core_process_main, args=(build_core, args, child), daemon=True,
-                                   name="tachyon-engine-core")
+        self.process = ctx.Process(target=core_process_main, daemon=True, name="tachyon-engine-core",
+                                   args=(build_core, args, child, logger.getEffectiveLevel()))
         t0 = time.perf_counter()
         self.process.start()
         child.close()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 pytest.importorskip("prometheus_client")
@@ -81,3 +83,30 @@ def test_slow_collections_are_logged_at_debug(caplog):
     with caplog.at_level(logging.DEBUG, logger="tachyon"):
         gc.collect(1)  # removed: no more lines
     assert not any(r.getMessage().startswith("gc:") for r in caplog.records)
+
+
+def test_kernel_compiles_after_start_up_are_logged(caplog):
+    # the engine core installs this once warm: every Triton variant compiled later stalls a step, and the warning
+    # says which (Triton calls the first hook before a compile, the second after; the first must not skip it)
+    import logging
+
+    pytest.importorskip("triton")
+    from triton import knobs
+
+    from tachyon.engine.core_client import watch_compiles
+
+    saved = knobs.runtime.jit_cache_hook, knobs.runtime.jit_post_compile_hook
+    try:
+        assert watch_compiles()
+        with caplog.at_level(logging.WARNING, logger="tachyon"):
+            assert not knobs.runtime.jit_cache_hook(key="k1", repr="_prefill_kernel[num_warps=4](seq_len: i32)",
+                                                    fn=None, compile={}, is_manual_warmup=False,
+                                                    already_compiled=False)
+            knobs.runtime.jit_post_compile_hook(key="k1", repr="_prefill_kernel[num_warps=4](seq_len: i32)",
+                                                fn=None, compile={}, is_manual_warmup=False, already_compiled=False)
+    finally:
+        knobs.runtime.jit_cache_hook, knobs.runtime.jit_post_compile_hook = saved
+    [record] = [r for r in caplog.records if "Triton compiled" in r.getMessage()]
+    assert record.levelno == logging.WARNING
+    assert re.fullmatch(r"Triton compiled a kernel variant while serving in \d+ ms \(the step that launched it "
+                        r"waited\): _prefill_kernel\[num_warps=4\]\(seq_len: i32\)", record.getMessage())
