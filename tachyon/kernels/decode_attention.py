@@ -40,7 +40,9 @@ def _chunk(seq_len, NUM_SPLITS: tl.constexpr, BLOCK_N: tl.constexpr, MIN_CHUNK: 
     return chunk
 
 
-@triton.jit
+# stride_bt is the width of the step's block table: an eager step's is its longest context in blocks, so Triton's
+# specializations (value 1, a multiple of 16) would compile new variants mid-run as contexts grow
+@triton.jit(do_not_specialize=["stride_bt"])
 def _decode_split_kernel(
     q_ptr, kc_ptr, vc_ptr, bt_ptr, seq_lens_ptr, mid_o_ptr, mid_lse_ptr,
     stride_qt, stride_qh,

@@ -54,7 +54,9 @@ def _attend_tile(
     return acc, m_new, l_sum
 
 
-@triton.jit(do_not_specialize=["seq_start", "num_q_blocks"])  # one compiled kernel whatever the batch mix
+# one compiled kernel whatever the batch mix: the decodes ahead of the prefills, the longest query, the block
+# table's width (an eager step's longest context, in blocks)
+@triton.jit(do_not_specialize=["seq_start", "num_q_blocks", "stride_bt"])
 def _prefill_kernel(
     q_ptr, kc_ptr, vc_ptr, out_ptr, bt_ptr, qsl_ptr, seq_lens_ptr,
     seq_start, num_q_blocks,

@@ -469,7 +469,7 @@ class ModelRunner:
         from tachyon.worker.cuda_graphs import CudaGraphs
 
         t0 = time.perf_counter()
-        self._compile_decode_variants()
+        self._compile_attention_variants()
         self.timings["kernel_warmup_s"] = time.perf_counter() - t0
         t0 = time.perf_counter()
         from tachyon.kernels.gemv import tune_linears
@@ -508,14 +508,20 @@ class ModelRunner:
                             "(%.4f ms a token on the device, %.1f ms to launch an eager forward)", c["eager_from"],
                             c["per_token_ms"], c["launch_ms"])
 
-    def _compile_decode_variants(self) -> None:
-        """Eager steps pick the decode split count from the batch; compile every variant now, not mid-run."""
+    def _compile_attention_variants(self) -> None:
+        """The attention kernels that eager and mixed steps launch outside any graph, compiled now, not by the
+        first request that needs them (a compile stalls its step 0.1-1 s): decode at every split count (eager
+        steps pick it from the batch) and prefill. The block table's width is not specialized on, so any width
+        compiles the variant every step runs."""
         from tachyon.kernels.decode_attention import decode_attention
+        from tachyon.kernels.paged_attention import prefill_attention
 
         m = self.model.cfg
         k_cache, v_cache = self.kv_caches[0]
-        q = torch.randn(1, m.num_heads, m.head_dim, dtype=self.dtype, device=self.device)
+        q = torch.randn(16, m.num_heads, m.head_dim, dtype=self.dtype, device=self.device)
         bt = torch.zeros(1, 4, dtype=torch.int32, device=self.device)
         lens = torch.ones(1, dtype=torch.int32, device=self.device)
         for splits in (1, 2, 4, 8, 16, 32, 64):  # plain launches (PDL is only ever on inside graph captures)
-            decode_attention(q, k_cache, v_cache, bt, lens, 1.0, 64, num_splits=splits)
+            decode_attention(q[:1], k_cache, v_cache, bt, lens, 1.0, 64, num_splits=splits)
+        qsl = torch.tensor([0, 16], dtype=torch.int32, device=self.device)
+        prefill_attention(q, k_cache, v_cache, bt, qsl, lens * 16, 1.0, 16)

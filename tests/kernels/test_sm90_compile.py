@@ -52,3 +52,28 @@ def test_weight_only_kernel_compiles_for_fp8_and_int8_weights():
     if any("ptxas" in v.lower() and "not found" in v.lower() for v in result.values()):
         pytest.skip(f"this Triton has no ptxas to compile for sm_90: {result}")
     assert result == {f"{w} {m}": "ok" for w, m in cases}
+
+
+SPECIALIZED = r"""
+import json
+from tachyon.kernels.decode_attention import _decode_split_kernel
+from tachyon.kernels.paged_attention import _prefill_kernel
+print(json.dumps({k.fn.__name__: [p.name for p in k.params if p.do_not_specialize]
+                  for k in (_decode_split_kernel, _prefill_kernel)}))
+"""
+
+
+def test_attention_kernels_do_not_specialize_on_what_changes_every_step():
+    # Triton compiles a variant per value class of each int argument (1, a multiple of 16, other) unless told not
+    # to. An eager step's block table is as wide as its longest context in blocks, so specializing on its stride
+    # compiled new variants mid-run as contexts grew (each a stall of its step); the prefill kernel's first
+    # sequence and query blocks change with every batch mix
+    pytest.importorskip("triton.backends.nvidia")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
+    run = subprocess.run([sys.executable, "-c", SPECIALIZED], env=env, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]
+    got = json.loads(run.stdout.strip().splitlines()[-1])
+    assert got == {"_decode_split_kernel": ["stride_bt"],
+                   "_prefill_kernel": ["seq_start", "num_q_blocks", "stride_bt"]}
