@@ -22,6 +22,15 @@
 #   perf_*.json of any perf run), then PARTS="70b", then PARTS="q15".
 #   kern:   benchmarks/gpu_kernels.py: prefill attention at 16 x 512 against torch's varlen flash attention (an eager
 #           16 x 512 step spends ~6 ms in _prefill_kernel, where SDPA took ~60% of our time at 8 x 512)
+# Session 2026-12-07d ran serve13 + kern and q15 on an H100 (benchmarks/results/h100/session_20261207d); no H200 came.
+# Next, in this order (an H200 for the bars; carry .whl .peer-bench):
+#   1. SERVER_ARGS="--log-level debug" PARTS="serve13 budget2048": the engine-core process now logs every Triton
+#      compile after start-up (the H100's 650 ms Poisson stall and its 1.4 s first request: grep "Triton compiled"
+#      in server13.log) and the attention kernels no longer specialize on the block table's width; budget2048 is
+#      `tachyon serve --max-num-batched-tokens 2048` at c16 (LOADS2048 adds poisson20; 8 files come back a call).
+#   2. PARTS="q15": the fp8 "wo" configs compile now (1f245be); the H200's table holds the H100's 2-4096-row picks,
+#      which this re-tunes on the card.
+#   3. PARTS="70b".
 set -u
 export PYTHONPATH=.
 END=${END_S:-560}
@@ -47,6 +56,13 @@ for part in $PARTS; do
     kern)  # the kernels against torch: prefill attention at 16 x 512 (the c16 burst) beside SDPA and varlen flash
       timeout 240 python benchmarks/gpu_kernels.py --out "$OUT/kernels.json" --budget-s 150 > "$OUT/kernels.log" 2>&1
       echo "gpu_kernels rc=$?"; grep -A5 "^prefill attention" "$OUT/kernels.log" ;;
+    budget2048)  # the same serve run with a 2,048-token step budget (server log: budget2048.log)
+      [ $SECONDS -lt $((END - 150)) ] || { echo "== budget2048: no time left"; continue; }
+      mkdir -p "$OUT/b2048"
+      OUT="$OUT/b2048" PEER=1 LOADS="${LOADS2048:-c16}" SERVER_ARGS="${SERVER_ARGS:-} --max-num-batched-tokens 2048" \
+        timeout $((END - SECONDS - 20)) bash benchmarks/h200_serve.sh 2>&1 \
+        | grep -E "peer|Mean TPOT|P99 TTFT|Mean TTFT|P99 E2EL|Output token" | head -30
+      mv "$OUT/b2048/server.log" "$OUT/budget2048.log" ;;
     70b) awq70b_direct ;;
     q15) issue15_curves ;;
   esac
