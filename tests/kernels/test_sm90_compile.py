@@ -37,18 +37,22 @@ print(json.dumps(result))
 """
 
 
-def test_weight_only_kernel_compiles_for_fp8_and_int8_weights():
-    # the W8A8 layers' "wo" configs: bf16 x, a float8 E4M3 or int8 weight, fp32 scales; the one-row walk (BLOCK_M 1)
-    # and the tensor-core dot (16, 64)
+def _without_interpreter(code: str, *args: str):
+    """Run code in a Python without TRITON_INTERPRET (this repo first on its path); its last stdout line, as JSON."""
     pytest.importorskip("triton.backends.nvidia")
-    cases = [[w, m] for w in ("*fp8e4nv", "*i8") for m in (1, 16, 64)]
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
-    run = subprocess.run([sys.executable, "-c", COMPILE, json.dumps(cases)], env=env, capture_output=True,
-                         text=True, timeout=300)
+    run = subprocess.run([sys.executable, "-c", code, *args], env=env, capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stderr[-3000:]
-    result = json.loads(run.stdout.strip().splitlines()[-1])
+    return json.loads(run.stdout.strip().splitlines()[-1])
+
+
+def test_weight_only_kernel_compiles_for_fp8_and_int8_weights():
+    # the W8A8 layers' "wo" configs: bf16 x, a float8 E4M3 or int8 weight, fp32 scales; the one-row walk (BLOCK_M 1)
+    # and the tensor-core dot (16, 64)
+    cases = [[w, m] for w in ("*fp8e4nv", "*i8") for m in (1, 16, 64)]
+    result = _without_interpreter(COMPILE, json.dumps(cases))
     if any("ptxas" in v.lower() and "not found" in v.lower() for v in result.values()):
         pytest.skip(f"this Triton has no ptxas to compile for sm_90: {result}")
     assert result == {f"{w} {m}": "ok" for w, m in cases}
@@ -68,12 +72,6 @@ def test_attention_kernels_do_not_specialize_on_what_changes_every_step():
     # to. An eager step's block table is as wide as its longest context in blocks, so specializing on its stride
     # compiled new variants mid-run as contexts grew (each a stall of its step); the prefill kernel's first
     # sequence and query blocks change with every batch mix
-    pytest.importorskip("triton.backends.nvidia")
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
-    run = subprocess.run([sys.executable, "-c", SPECIALIZED], env=env, capture_output=True, text=True, timeout=300)
-    assert run.returncode == 0, run.stderr[-3000:]
-    got = json.loads(run.stdout.strip().splitlines()[-1])
+    got = _without_interpreter(SPECIALIZED)
     assert got == {"_decode_split_kernel": ["stride_bt"],
                    "_prefill_kernel": ["seq_start", "num_q_blocks", "stride_bt"]}
