@@ -142,11 +142,13 @@ class AsyncEngine:
         return self.engine.num_waiting
 
     async def generate(self, request_id: str, prompt: str | None, prompt_token_ids: list[int],
-                       params: SamplingParams, stream: bool = True) -> AsyncIterator[RequestOutput]:
+                       params: SamplingParams, stream: bool = True,
+                       arrival_time: float | None = None) -> AsyncIterator[RequestOutput]:
         """Stream cumulative outputs. The engine makes a stream's next output only once its reader has taken the
         previous one (outputs are cumulative, so the newest carries every token since): a reader that keeps
         up gets every step's token, a busy one costs the engine no output objects it would not read. If the
-        consumer goes away (client disconnect) the request is aborted. stream=False: only the final output."""
+        consumer goes away (client disconnect) the request is aborted. stream=False: only the final output.
+        arrival_time: the request's arrival on the monotonic clock (the server's, before parsing); default now."""
         if self.error is not None:
             raise EngineDeadError(f"the engine stopped after an error: {self.error!r}")
         if self.max_queued_requests is not None and self.num_waiting >= self.max_queued_requests:
@@ -155,7 +157,7 @@ class AsyncEngine:
         q: asyncio.Queue = asyncio.Queue()
         self._streams[request_id] = (asyncio.get_running_loop(), q)
         try:
-            self.engine.add_request(request_id, prompt, prompt_token_ids, params, stream=stream)
+            self.engine.add_request(request_id, prompt, prompt_token_ids, params, arrival_time, stream=stream)
         except BaseException:
             self._streams.pop(request_id, None)
             raise

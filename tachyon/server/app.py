@@ -17,6 +17,7 @@ import hashlib
 import hmac
 import logging
 import os
+import time
 from collections.abc import Callable, Sequence
 from contextlib import asynccontextmanager
 
@@ -272,12 +273,14 @@ def create_app(async_engine: AsyncEngine, model_name: str | Sequence[str], api_k
     # -- OpenAI routes --------------------------------------------------------------------------------------
     @app.post("/v1/completions")
     async def completions(request: Request):
+        request.state.received = time.monotonic()  # the request's arrival: before its body is read and tokenized
         req = await parse(request, CompletionRequest)
         with models.use(req.model) as m:
             return await m.serving.completions(req, request)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request):
+        request.state.received = time.monotonic()
         req = await parse(request, ChatCompletionRequest)
         with models.use(req.model) as m:
             return await m.serving.chat(req, request)

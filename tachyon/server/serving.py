@@ -342,7 +342,7 @@ class OpenAIServing:
             logger.info("Received request %s: prompt tokens %s, params %s", job.request_id,
                         [len(ids) for _, ids in job.prompts], job.params)
         job.choices = [_Choice() for _ in range(len(job.prompts) * job.params.n)]
-        streams = await self._start(job)
+        streams = await self._start(job, getattr(http.state, "received", None))
         merged = streams[0] if len(streams) == 1 else _merge(streams)
         if self.request_timeout is not None:
             merged = self._deadline(job, merged, self.request_timeout)
@@ -375,8 +375,11 @@ class OpenAIServing:
         return APIError(504, f"the request did not finish within {self.request_timeout:g} s (--request-timeout); "
                              f"ask for fewer tokens or retry later")
 
-    async def _start(self, job: _Job) -> list[AsyncIterator[tuple[int, RequestOutput]]]:
+    async def _start(self, job: _Job, arrival_time: float | None = None
+                     ) -> list[AsyncIterator[tuple[int, RequestOutput]]]:
         """Add every engine request of the job now, so a full queue is a 429 before the response starts.
+        arrival_time: when the HTTP request came in (monotonic; its TTFT, queue time and timeline count from it,
+        so parsing and tokenizing are in them); None: when the engine takes it.
 
         AsyncEngine.generate checks the queue and adds the request in its first step, then waits for output;
         a task per request runs that first step while we yield to the loop once.
@@ -384,7 +387,8 @@ class OpenAIServing:
         rids = self._rids(job)
         started = []
         for rid, (text, ids) in zip(rids, job.prompts, strict=True):
-            gen = self.async_engine.generate(rid, text, ids, job.params, stream=job.stream)
+            gen = self.async_engine.generate(rid, text, ids, job.params, stream=job.stream,
+                                             arrival_time=arrival_time)
             started.append((gen, asyncio.ensure_future(gen.__anext__())))
         await asyncio.sleep(0)  # each task's first step runs before we resume: the requests are in
         failed = next((first for _, first in started if first.done() and first.exception() is not None), None)

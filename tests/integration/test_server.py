@@ -389,3 +389,27 @@ def test_alerts_and_dashboard_use_exposed_metrics(server):
         used = set(re.findall(r"tachyon:[a-z0-9_]+", path.read_text()))
         assert used and used <= exposed, f"{path.name}: {sorted(used - exposed)} not at /metrics"
     json.loads((root / "grafana" / "tachyon.json").read_text())
+
+
+@pytest.mark.parametrize("route,body", [
+    ("/v1/completions", {"prompt": "The capital of France is"}),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "Hi"}]}),
+])
+def test_a_request_arrives_when_the_server_takes_it_not_after_tokenizing(server, monkeypatch, route, body):
+    # TTFT, queue time and the debug timeline count from the arrival: the engine is handed the moment the route
+    # began (before the body was read, parsed and tokenized), not the moment it admitted the request
+    engine = server.engine
+    seen = []
+    real_add = engine.add_request
+
+    def add_request(request_id, prompt, ids, params, arrival_time=None, stream=True):
+        seen.append((arrival_time, time.monotonic()))
+        return real_add(request_id, prompt, ids, params, arrival_time, stream=stream)
+
+    monkeypatch.setattr(engine, "add_request", add_request)
+    before = time.monotonic()
+    r = httpx.post(server.url + route, json={"model": MODEL, "max_tokens": 2, **body}, headers=server.headers(),
+                   timeout=60)
+    assert r.status_code == 200, r.text
+    [(arrival, added)] = seen
+    assert arrival is not None and before < arrival < added
