@@ -108,15 +108,44 @@ def watch_compiles() -> bool:
         started[str(key)] = time.perf_counter()
         return False  # (True would skip the compile)
 
-    def after(*, key, repr, **_) -> None:
+    def after(*, key, repr, compile=None, **_) -> None:
         t0 = started.pop(str(key), None)
         took = "" if t0 is None else f" in {(time.perf_counter() - t0) * 1e3:.0f} ms"
         logger.warning("Triton compiled a kernel variant while serving%s (the step that launched it waited): %s",
-                       took, repr)
+                       took, _variant(repr, compile))
 
     knobs.runtime.jit_cache_hook = before
     knobs.runtime.jit_post_compile_hook = after
     return True
+
+
+def _variant(repr: str, compile: dict | None) -> str:
+    """A compiled variant in words: the kernel and launch options (Triton's repr, up to its argument list), then
+    what it was specialized on: each argument's type, the constexprs' values and the attributes Triton inferred
+    from the values (an int's divisibility by 16, a pointer's alignment), which name the class that missed."""
+    head = repr.split("](", 1)[0] + "]" if "](" in repr else repr
+    if not compile:
+        return head
+    try:
+        sig = compile.get("signature") or {}
+        consts = compile.get("constants") or {}
+        configs = compile.get("configs") or [{}]
+        names = list(sig)
+        args = []
+        for i, (name, ty) in enumerate(sig.items()):
+            if ty == "constexpr" or (name,) in consts or name in consts:
+                value = consts.get((i,), consts.get(name, consts.get((name,), "?")))
+                args.append(f"{name}={value}")
+            else:
+                args.append(f"{name}: {ty}")
+        attrs = {}
+        for path, kv in (configs[0] or {}).items():
+            idx = path[0] if isinstance(path, tuple) and path else path
+            label = names[idx] if isinstance(idx, int) and 0 <= idx < len(names) else str(path)
+            attrs[label] = kv
+        return f"{head}({', '.join(args)}) attributes {attrs}"
+    except Exception as e:  # a Triton whose hook payload differs: the repr alone
+        return f"{head} (its specialization unreadable: {type(e).__name__})"
 
 
 def core_process_main(build_core, args, conn, log_level: int = logging.WARNING) -> None:

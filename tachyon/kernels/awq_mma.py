@@ -166,7 +166,7 @@ def _group_zero_scale(qz_ptr, s_ptr, g, N8, N, offs_n, mask_n, zero_shift, OFFSE
     return z, tl.load(s_ptr + g * N + offs_n, mask=mask_n, other=0.0).to(tl.float32)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["M"])
 def _awq_mma_kernel(
     x_ptr, qw_ptr, qz_ptr, s_ptr, b_ptr, out_ptr,
     M, N, N8, K, K_SPLIT, stride_xm, stride_om, stride_os,
@@ -255,7 +255,7 @@ def _nat_epilogue(acc, part, zw, xs, s_row, offs_p, mask_p, J: tl.constexpr, OFF
     return acc + s[:, None] * (part - z[:, None] * xs)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["M"])
 def _awq_mma_natural_kernel(
     x_ptr, qw_ptr, qz_ptr, s_ptr, b_ptr, out_ptr,
     M, N, N8, K, K_SPLIT, stride_xm, stride_om, stride_os,

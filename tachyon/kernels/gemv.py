@@ -33,7 +33,7 @@ MAX_ROWS = 64
 MAX_X_TILE = 16384  # above 16 rows: BLOCK_K x the padded rows at most this (the x tile of every pipeline stage)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["M"])
 def _gemv_kernel(
     x_ptr, w_ptr, b_ptr, y_ptr,
     M, N, K, stride_xm, stride_wn, stride_ym,

@@ -226,7 +226,7 @@ def _weight8_to_float(w):
     return _int8_to_float(w)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["M"])
 def _int8_kernel(
     x_ptr, w_ptr, s_ptr, b_ptr, out_ptr,
     M, N, K, K_SPLIT, stride_xm, stride_om, stride_os,
@@ -287,7 +287,7 @@ def _int8_kernel(
         tl.store(y, acc.to(out_ptr.dtype.element_ty), mask=mask_m[:, None] & mask_n[None, :])
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["M"])
 def _awq_kernel(
     x_ptr, qw_ptr, qz_ptr, s_ptr, b_ptr, out_ptr,
     M, N, N8, K, K_SPLIT, stride_xm, stride_om, stride_os,
@@ -494,7 +494,7 @@ def _awq_gemv_kernel(
                      N, stride_os, tl.num_programs(2), BLOCK_P * 8, FINISH_BIAS, FENCE)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["M"])
 def _awq_gemv_rows_kernel(
     x_ptr, qw_ptr, qz_ptr, s_ptr, b_ptr, out_ptr,
     M, N, N8, K, K_SPLIT, stride_xm, stride_om, stride_os, magic,

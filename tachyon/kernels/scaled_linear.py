@@ -108,7 +108,7 @@ def _quantize8(v, FP8: tl.constexpr, QMAX: tl.constexpr):
     return q
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["M"])
 def _w8a8_dot_kernel(
     x_ptr, w_ptr, ws_ptr, xs_ptr, b_ptr, out_ptr,
     M, N, K, K_SPLIT, stride_xm, stride_om, stride_os,
@@ -258,7 +258,7 @@ def _quantize_rows_kernel(x_ptr, q_ptr, xs_out_ptr, xs_in_ptr, K, stride_xm,
     tl.store(xs_out_ptr + row, s_x)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["M"])
 def _int_epilogue_kernel(acc_ptr, xs_ptr, ws_ptr, b_ptr, out_ptr, M, N, HAS_BIAS: tl.constexpr,
                          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PDL: tl.constexpr = False):
     pdl.enter(PDL)
@@ -274,7 +274,7 @@ def _int_epilogue_kernel(acc_ptr, xs_ptr, ws_ptr, b_ptr, out_ptr, M, N, HAS_BIAS
     tl.store(out_ptr + idx, acc.to(out_ptr.dtype.element_ty), mask=mask)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["M"])
 def _w8a8_gemm_kernel(xq_ptr, xs_ptr, w_ptr, ws_ptr, b_ptr, out_ptr, M, N, K,
                       FP8: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                       BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, PDL: tl.constexpr = False):

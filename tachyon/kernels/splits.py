@@ -32,7 +32,7 @@ def num_sms(device: torch.device) -> int:
     return 132  # the interpreter: an H100/H200's count, so CPU tests take the same split decisions
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["MN"])
 def _sum_splits_kernel(p_ptr, b_ptr, y_ptr, MN, N, SPLIT_K: tl.constexpr, HAS_BIAS: tl.constexpr,
                        BLOCK: tl.constexpr, PDL: tl.constexpr = False):
     """y = sum over the SPLIT_K fp32 partials [SPLIT_K, M, N] (+ bias), in split order."""

@@ -59,19 +59,37 @@ def test_weight_only_kernel_compiles_for_fp8_and_int8_weights():
 
 
 SPECIALIZED = r"""
-import json
-from tachyon.kernels.decode_attention import _decode_split_kernel
-from tachyon.kernels.paged_attention import _prefill_kernel
-print(json.dumps({k.fn.__name__: [p.name for p in k.params if p.do_not_specialize]
-                  for k in (_decode_split_kernel, _prefill_kernel)}))
+import importlib, json, pkgutil
+import triton
+import tachyon.kernels as kernels
+got = {}
+for m in pkgutil.iter_modules(kernels.__path__):
+    mod = importlib.import_module("tachyon.kernels." + m.name)
+    for name, fn in vars(mod).items():
+        if isinstance(fn, triton.runtime.jit.JITFunction) and fn.__module__ == mod.__name__ and name.endswith("_kernel"):
+            got[name] = {"not_specialized": [p.name for p in fn.params if p.do_not_specialize],
+                         "ints": [p.name for p in fn.params if not p.is_constexpr]}
+print(json.dumps(got))
 """
 
+# the int arguments that change from step to step: the rows of an eager or piecewise step (M; MN = M x N) and what
+# follows the batch mix (the prefill kernel's first sequence and query blocks, the block table's width)
+PER_STEP = {"M", "MN", "seq_start", "num_q_blocks", "stride_bt"}
 
-def test_attention_kernels_do_not_specialize_on_what_changes_every_step():
+
+def test_kernels_do_not_specialize_on_what_changes_every_step():
     # Triton compiles a variant per value class of each int argument (1, a multiple of 16, other) unless told not
-    # to. An eager step's block table is as wide as its longest context in blocks, so specializing on its stride
-    # compiled new variants mid-run as contexts grew (each a stall of its step); the prefill kernel's first
-    # sequence and query blocks change with every batch mix
+    # to, and start-up compiles only the classes its warm-up meets. An eager step's block table is as wide as its
+    # longest context in blocks, so specializing on its stride compiled new attention variants mid-run as contexts
+    # grew; a piecewise step of 17-63 rows compiled a new _gemv_kernel (the tuner runs 32 and 64 rows, multiples
+    # of 16), which stalled an H100 serve run's step for 255 ms (session 2026-12-07e)
     got = _without_interpreter(SPECIALIZED)
-    assert got == {"_decode_split_kernel": ["stride_bt"],
-                   "_prefill_kernel": ["seq_start", "num_q_blocks", "stride_bt"]}
+    off = {name: k["not_specialized"] for name, k in got.items()}
+    assert off["_decode_split_kernel"] == ["stride_bt"]
+    assert off["_prefill_kernel"] == ["seq_start", "num_q_blocks", "stride_bt"]
+    for name in ["_gemv_kernel", "_int8_kernel", "_awq_kernel", "_awq_gemv_rows_kernel", "_awq_mma_kernel",
+                 "_awq_mma_natural_kernel", "_w8a8_dot_kernel", "_int_epilogue_kernel", "_w8a8_gemm_kernel"]:
+        assert off[name] == ["M"], name
+    assert off["_sum_splits_kernel"] == ["MN"]
+    left = {name: sorted(set(k["ints"]) & PER_STEP - set(k["not_specialized"])) for name, k in got.items()}
+    assert not {name: v for name, v in left.items() if v}, "kernels that specialize on a per-step argument"

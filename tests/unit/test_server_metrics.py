@@ -96,17 +96,24 @@ def test_kernel_compiles_after_start_up_are_logged(caplog):
     from tachyon.engine.core_client import watch_compiles
 
     saved = knobs.runtime.jit_cache_hook, knobs.runtime.jit_post_compile_hook
+    # what Triton 3.6 hands the hooks (JITFunction._call_hook): a repr whose argument list it garbles, and the
+    # compile's signature, constexprs and inferred attributes, keyed by argument position
+    repr_ = "_gemv_kernel[num_warps=4, num_stages=4](x_ptr: ()"
+    compile = {"signature": {"x_ptr": "*bf16", "M": "i32", "N": "i32", "BLOCK_N": "constexpr"},
+               "constants": {(3,): 32}, "configs": [{(0,): [["tt.divisibility", 16]], (2,): [["tt.divisibility", 16]]}]}
     try:
         assert watch_compiles()
         with caplog.at_level(logging.WARNING, logger="tachyon"):
-            assert not knobs.runtime.jit_cache_hook(key="k1", repr="_prefill_kernel[num_warps=4](seq_len: i32)",
-                                                    fn=None, compile={}, is_manual_warmup=False,
-                                                    already_compiled=False)
-            knobs.runtime.jit_post_compile_hook(key="k1", repr="_prefill_kernel[num_warps=4](seq_len: i32)",
-                                                fn=None, compile={}, is_manual_warmup=False, already_compiled=False)
+            assert not knobs.runtime.jit_cache_hook(key="k1", repr=repr_, fn=None, compile=compile,
+                                                    is_manual_warmup=False, already_compiled=False)
+            knobs.runtime.jit_post_compile_hook(key="k1", repr=repr_, fn=None, compile=compile,
+                                                is_manual_warmup=False, already_compiled=False)
     finally:
         knobs.runtime.jit_cache_hook, knobs.runtime.jit_post_compile_hook = saved
     [record] = [r for r in caplog.records if "Triton compiled" in r.getMessage()]
     assert record.levelno == logging.WARNING
+    # M carries no divisibility attribute: a row count that is not a multiple of 16 compiled this variant
     assert re.fullmatch(r"Triton compiled a kernel variant while serving in \d+ ms \(the step that launched it "
-                        r"waited\): _prefill_kernel\[num_warps=4\]\(seq_len: i32\)", record.getMessage())
+                        r"waited\): _gemv_kernel\[num_warps=4, num_stages=4\]\(x_ptr: \*bf16, M: i32, N: i32, "
+                        r"BLOCK_N=32\) attributes \{'x_ptr': \[\['tt.divisibility', 16\]\], 'N': "
+                        r"\[\['tt.divisibility', 16\]\]\}", record.getMessage())
