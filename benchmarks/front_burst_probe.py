@@ -34,7 +34,7 @@ async def main():
         await asyncio.gather(*(one(s, i, res) for i in range(int(sys.argv[2]))))
     arr = {}
     for line in open('/tmp/cpuserve.log'):
-        m = re.search(r'request (\S+): arrived ([\d.]+), scheduled \+([\d.]+) ms, first token \+([\d.]+) ms \(server has it \+([\d.]+)', line)
+        m = re.search(r'request (\S+): arrived ([\d.]+), admitted \S+ ms, queued \S+ ms, scheduled \+([\d.]+) ms, first token \+([\d.]+) ms \(server has it \+([\d.]+)', line)
         if m:
             arr[m.group(1)] = (float(m.group(2)), float(m.group(5)))
     t00 = min(r[1] for r in res)

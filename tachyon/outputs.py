@@ -9,6 +9,8 @@ from dataclasses import dataclass, field
 class RequestMetrics:
     arrival_time: float
     first_scheduled_time: float | None = None
+    admitted_time: float | None = None  # the front end handed it to the engine core (parsed, tokenized, checked)
+    queued_time: float | None = None  # the engine core took it into its queue
     first_token_time: float | None = None
     last_token_time: float | None = None
     finished_time: float | None = None

@@ -27,6 +27,7 @@ from __future__ import annotations
 import bisect
 import logging
 import threading
+import time
 from collections import deque
 from concurrent.futures import Future, wait
 
@@ -99,14 +100,14 @@ class EngineCore:
     def num_waiting(self) -> int:
         return len(self.scheduler.waiting) + len(self._incoming)
 
-    def _make_group(self, req: EngineCoreRequest) -> SequenceGroup:
+    def _make_group(self, req: EngineCoreRequest, now: float) -> SequenceGroup:
         sp = req.sampling_params
         seqs = []
         for i in range(sp.n):
             seq = Sequence(
                 seq_id=req.request_id if sp.n == 1 else f"{req.request_id}#{i}", request_id=req.request_id, index=i,
                 prompt_token_ids=list(req.prompt_token_ids), sampling_params=sp, max_tokens=req.max_tokens,
-                eos_token_ids=self._eos, metrics=RequestMetrics(arrival_time=req.arrival_time))
+                eos_token_ids=self._eos, metrics=RequestMetrics(arrival_time=req.arrival_time, queued_time=now))
             if sp.seed is not None:
                 seq.generator = self.runner.request_generator(sp.seed + i)
             seqs.append(seq)
@@ -118,12 +119,13 @@ class EngineCore:
         with self._lock:
             incoming, self._incoming = self._incoming, deque()
             aborts, self._aborts = self._aborts, deque()
+        now = time.monotonic()
         for req in incoming:
             if req.request_id in self.groups:
                 logger.warning("request id %r is already running; the second one is dropped", req.request_id)
                 continue
             try:
-                g = self._make_group(req)
+                g = self._make_group(req, now)
             except Exception as e:  # a seed the generator refuses, say: this request alone
                 outputs += [EngineCoreOutput(req.request_id, i, [], finish_reason="error",
                                              error=f"{type(e).__name__}: {e}") for i in range(req.sampling_params.n)]
@@ -318,7 +320,7 @@ class EngineCore:
         return EngineCoreOutput(
             seq.request_id, seq.index, tokens, logprobs, sampled,
             finish_reason=seq.status.value if seq.is_finished else None, stop_reason=seq.stop_reason,
-            num_cached_tokens=seq.num_cached_tokens, first_scheduled_time=m.first_scheduled_time,
+            num_cached_tokens=seq.num_cached_tokens, queued_time=m.queued_time, first_scheduled_time=m.first_scheduled_time,
             token_time=m.last_token_time, finished_time=m.finished_time, num_preemptions=m.num_preemptions)
 
     # -- failures: one request at a time --------------------------------------------------------------------

@@ -38,6 +38,7 @@ class EngineCoreOutput:
     stop_reason: int | str | None = None
     error: str | None = None
     num_cached_tokens: int = 0
+    queued_time: float | None = None  # when the core took the request in
     first_scheduled_time: float | None = None
     token_time: float | None = None  # when the new token reached the host
     finished_time: float | None = None

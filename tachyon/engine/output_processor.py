@@ -86,7 +86,8 @@ class OutputProcessor:
                                                params.stop_strings, params.include_stop_str_in_output)
             seqs.append(SeqState(i, detok, logprobs=[] if params.logprobs is not None else None))
         self.states[request_id] = RequestState(request_id, prompt, list(prompt_token_ids), params, seqs,
-                                               RequestMetrics(arrival_time=arrival_time), stream)
+                                               RequestMetrics(arrival_time=arrival_time, admitted_time=time.monotonic()),
+                                               stream)
 
     def has_unfinished_requests(self) -> bool:
         return bool(self.states)
@@ -130,6 +131,8 @@ class OutputProcessor:
         """One sequence's delta; whether a stop string ended it here."""
         if o.first_scheduled_time is not None:
             ss.first_scheduled_time = o.first_scheduled_time
+        if o.queued_time is not None and st.metrics.queued_time is None:
+            st.metrics.queued_time = o.queued_time
         ss.num_preemptions = o.num_preemptions
         if st.num_cached_tokens == 0 and o.index == 0:
             st.num_cached_tokens = o.num_cached_tokens

@@ -132,16 +132,18 @@ class _Seen:
 
 
 def request_timeline(out: RequestOutput, first_scheduled: float | None, first_seen: float, now: float) -> str:
-    """One finished request's times (`--log-level debug`), in ms from its arrival at the server: when the core
-    first scheduled it, when the core had its first token, when this process had that output, when it finished;
-    the arrival itself on the monotonic clock, so that a burst's requests line up."""
+    """One finished request's times (`--log-level debug`), in ms from its arrival at the server (its route's
+    start): when this process handed it to the engine core (parsed, tokenized, checked), when the core took it into
+    its queue, when the core first scheduled it, when the core had its first token, when this process had that
+    output, when it finished; the arrival itself on the monotonic clock, so that a burst's requests line up."""
     m = out.metrics
 
     def ms(t: float | None) -> str:
         return "-" if t is None else f"{(t - m.arrival_time) * 1e3:.1f}"
 
     finished = m.finished_time if m.finished_time is not None else now
-    return (f"request {out.request_id}: arrived {m.arrival_time:.4f}, scheduled +{ms(first_scheduled)} ms, "
+    return (f"request {out.request_id}: arrived {m.arrival_time:.4f}, admitted +{ms(m.admitted_time)} ms, queued "
+            f"+{ms(m.queued_time)} ms, scheduled +{ms(first_scheduled)} ms, "
             f"first token +{ms(m.first_token_time)} ms (server has it +{ms(first_seen)} ms), finished "
             f"+{ms(finished)} ms; prompt {len(out.prompt_token_ids)} tokens ({out.num_cached_tokens} cached), "
             f"output {sum(len(c.token_ids) for c in out.outputs)}")

@@ -50,14 +50,15 @@ def test_debug_log_gives_each_finished_request_its_timeline(llm, monkeypatch, ca
     sm = metrics_mod.ServerMetrics(llm.engine, "m")
     clock = iter([1.25, 2.0, 2.5])
     monkeypatch.setattr(metrics_mod.time, "monotonic", lambda: next(clock))
-    m = RequestMetrics(arrival_time=0.5, first_scheduled_time=0.75, first_token_time=1.0, finished_time=2.0)
+    m = RequestMetrics(arrival_time=0.5, first_scheduled_time=0.75, first_token_time=1.0, finished_time=2.0,
+                       admitted_time=0.5125, queued_time=0.625)
     first = RequestOutput("r7", None, [1, 2, 3], [CompletionOutput(0, "", [4])], False, m, num_cached_tokens=2)
     last = RequestOutput("r7", None, [1, 2, 3], [CompletionOutput(0, "", [4, 5, 6])], True, m, num_cached_tokens=2)
     with caplog.at_level(logging.DEBUG, logger="tachyon"):
         sm.on_step([first], 0.01)
         sm.on_step([last], 0.01)
     (line,) = [r.getMessage() for r in caplog.records if r.getMessage().startswith("request r7")]
-    assert line == ("request r7: arrived 0.5000, scheduled +250.0 ms, first token +500.0 ms (server has it +750.0 "
+    assert line == ("request r7: arrived 0.5000, admitted +12.5 ms, queued +125.0 ms, scheduled +250.0 ms, first token +500.0 ms (server has it +750.0 "
                     "ms), finished +1500.0 ms; prompt 3 tokens (2 cached), output 3")
     caplog.clear()
     with caplog.at_level(logging.INFO, logger="tachyon"):  # not at the default level
@@ -117,3 +118,22 @@ def test_kernel_compiles_after_start_up_are_logged(caplog):
                         r"waited\): _gemv_kernel\[num_warps=4, num_stages=4\]\(x_ptr: \*bf16, M: i32, N: i32, "
                         r"BLOCK_N=32\) attributes \{'x_ptr': \[\['tt.divisibility', 16\]\], 'N': "
                         r"\[\['tt.divisibility', 16\]\]\}", record.getMessage())
+
+
+def test_a_request_carries_its_admit_and_queue_times_in_order(llm):
+    # the debug timeline splits a burst's TTFT at these stamps: the front end's admit (after tokenizing), the
+    # core's queue, the first schedule, the first token; each is set once and none comes before the one above it
+    import time
+
+    from tachyon.sampling_params import SamplingParams
+
+    engine = llm.engine
+    arrival = time.monotonic()
+    engine.add_request("stamps", None, [1, 2, 3, 4], SamplingParams(max_tokens=3, ignore_eos=True),
+                       arrival_time=arrival)
+    done = None
+    while done is None:
+        done = next((o for o in engine.step() if o.request_id == "stamps" and o.finished), None)
+    m = done.metrics
+    assert None not in (m.admitted_time, m.queued_time, m.first_scheduled_time, m.first_token_time)
+    assert arrival <= m.admitted_time <= m.queued_time <= m.first_scheduled_time <= m.first_token_time
