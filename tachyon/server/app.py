@@ -188,6 +188,7 @@ def create_app(async_engine: AsyncEngine, model_name: str | Sequence[str], api_k
         keys = [f"{n}@{version}" for n in names] if version else []
         serving = OpenAIServing(engine, names + keys, request_timeout=request_timeout, options=options,
                                 tool_call_parser=tool_call_parser)
+        serving.warm_up()
         metrics = ServerMetrics(engine.engine, metrics_label or (keys or names)[0], options.metrics_prefix)
         engine.on_step = metrics.on_step
         serving.on_admit = metrics.on_admit

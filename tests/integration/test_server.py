@@ -67,6 +67,18 @@ def test_models_health_version(server, client):
 
 
 # -- completions -------------------------------------------------------------------------------------------
+def test_start_up_does_what_the_first_request_would_pay_for(server):
+    # the prompt-length bound reads the whole vocabulary (42 ms for Llama 3's): computed when the app is built, not
+    # by the first request (an H100 serve run handed its first request to the core 91 ms after it arrived)
+    from tachyon.engine.async_engine import AsyncEngine
+    from tachyon.server.app import create_app
+
+    serving = create_app(AsyncEngine(server.app.state.engine), MODEL).state.serving
+    assert {"_max_prompt_chars", "_batch_encoder"} <= set(vars(serving))
+    longest = max(len(t) for t in serving.tokenizer.get_vocab())
+    assert serving._max_prompt_chars == serving.engine.config.scheduler.max_model_len * longest
+
+
 def test_completion(server, client):
     t0 = int(time.time())
     r = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=8, temperature=0,
