@@ -31,6 +31,10 @@
 #   2. PARTS="q15": the fp8 "wo" configs compile now (1f245be); the H200's table holds the H100's 2-4096-row picks,
 #      which this re-tunes on the card.
 #   3. PARTS="70b".
+# Session 2026-12-07e ran 1 (twice) and 2 on an H100 (benchmarks/results/h100/session_20261207e): no compile after
+#   start-up once 00824ed stopped the row-count specialization (H100 Poisson p99 TTFT 469.5 -> 94.3 ms). Next, on an
+#   H200 (the bars): SERVER_ARGS="--log-level debug" PARTS="serve13" (issue 13's table; the timelines now stamp
+#   admitted/queued), then PARTS="q15" (the H200's fp8/w8a8 table still holds H100 picks), then PARTS="70b".
 set -u
 export PYTHONPATH=.
 END=${END_S:-560}
