@@ -320,7 +320,8 @@ class EngineCore:
         return EngineCoreOutput(
             seq.request_id, seq.index, tokens, logprobs, sampled,
             finish_reason=seq.status.value if seq.is_finished else None, stop_reason=seq.stop_reason,
-            num_cached_tokens=seq.num_cached_tokens, queued_time=m.queued_time, first_scheduled_time=m.first_scheduled_time,
+            num_cached_tokens=seq.num_cached_tokens, queued_time=m.queued_time,
+            first_scheduled_time=m.first_scheduled_time,
             token_time=m.last_token_time, finished_time=m.finished_time, num_preemptions=m.num_preemptions)
 
     # -- failures: one request at a time --------------------------------------------------------------------

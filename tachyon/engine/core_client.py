@@ -127,22 +127,12 @@ def _variant(repr: str, compile: dict | None) -> str:
     if not compile:
         return head
     try:
-        sig = compile.get("signature") or {}
+        sig = compile["signature"]  # name -> type; constexprs and attributes are keyed by (argument position,)
         consts = compile.get("constants") or {}
-        configs = compile.get("configs") or [{}]
         names = list(sig)
-        args = []
-        for i, (name, ty) in enumerate(sig.items()):
-            if ty == "constexpr" or (name,) in consts or name in consts:
-                value = consts.get((i,), consts.get(name, consts.get((name,), "?")))
-                args.append(f"{name}={value}")
-            else:
-                args.append(f"{name}: {ty}")
-        attrs = {}
-        for path, kv in (configs[0] or {}).items():
-            idx = path[0] if isinstance(path, tuple) and path else path
-            label = names[idx] if isinstance(idx, int) and 0 <= idx < len(names) else str(path)
-            attrs[label] = kv
+        args = [f"{name}={consts[(i,)]}" if (i,) in consts else f"{name}: {ty}"
+                for i, (name, ty) in enumerate(sig.items())]
+        attrs = {names[path[0]]: kv for path, kv in (compile.get("configs") or [{}])[0].items()}
         return f"{head}({', '.join(args)}) attributes {attrs}"
     except Exception as e:  # a Triton whose hook payload differs: the repr alone
         return f"{head} (its specialization unreadable: {type(e).__name__})"

@@ -85,8 +85,8 @@ class OutputProcessor:
                 detok = IncrementalDetokenizer(self.tokenizer, prompt_token_ids, params.skip_special_tokens,
                                                params.stop_strings, params.include_stop_str_in_output)
             seqs.append(SeqState(i, detok, logprobs=[] if params.logprobs is not None else None))
-        self.states[request_id] = RequestState(request_id, prompt, list(prompt_token_ids), params, seqs,
-                                               RequestMetrics(arrival_time=arrival_time, admitted_time=time.monotonic()),
+        metrics = RequestMetrics(arrival_time=arrival_time, admitted_time=time.monotonic())
+        self.states[request_id] = RequestState(request_id, prompt, list(prompt_token_ids), params, seqs, metrics,
                                                stream)
 
     def has_unfinished_requests(self) -> bool:

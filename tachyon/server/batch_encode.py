@@ -46,7 +46,7 @@ class BatchEncoder:
     async def _encode_group(self, group: list[tuple[str, asyncio.Future]], add_special_tokens: bool) -> None:
         self.num_batches += 1
         try:
-            ids = await asyncio.to_thread(self._call, [text for text, _ in group], add_special_tokens)
+            ids = await asyncio.to_thread(self.encode_now, [text for text, _ in group], add_special_tokens)
         except Exception as e:  # the same failure for every text of the batch (a broken tokenizer)
             for _, fut in group:
                 if not fut.done():
@@ -56,5 +56,6 @@ class BatchEncoder:
             if not fut.done():  # a handler cancelled meanwhile (client gone) no longer waits
                 fut.set_result(list(one))
 
-    def _call(self, texts: list[str], add_special_tokens: bool) -> list[list[int]]:
+    def encode_now(self, texts: list[str], add_special_tokens: bool) -> list[list[int]]:
+        """One tokenizer call for the texts, in the caller's thread."""
         return self.tokenizer(texts, add_special_tokens=add_special_tokens)["input_ids"]

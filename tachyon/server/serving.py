@@ -136,7 +136,7 @@ class OpenAIServing:
         if self.tokenizer is None:
             return
         self._max_prompt_chars  # noqa: B018 (a cached property: computed here once)
-        self._batch_encoder._call(["warm up"], True)
+        self._batch_encoder.encode_now(["warm up"], True)
 
     # -- admission -------------------------------------------------------------------------------------
     def check_model(self, name: str | None) -> None:

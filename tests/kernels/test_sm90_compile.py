@@ -66,7 +66,8 @@ got = {}
 for m in pkgutil.iter_modules(kernels.__path__):
     mod = importlib.import_module("tachyon.kernels." + m.name)
     for name, fn in vars(mod).items():
-        if isinstance(fn, triton.runtime.jit.JITFunction) and fn.__module__ == mod.__name__ and name.endswith("_kernel"):
+        if (isinstance(fn, triton.runtime.jit.JITFunction) and fn.__module__ == mod.__name__
+                and name.endswith("_kernel")):
             got[name] = {"not_specialized": [p.name for p in fn.params if p.do_not_specialize],
                          "ints": [p.name for p in fn.params if not p.is_constexpr]}
 print(json.dumps(got))

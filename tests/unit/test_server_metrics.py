@@ -58,7 +58,8 @@ def test_debug_log_gives_each_finished_request_its_timeline(llm, monkeypatch, ca
         sm.on_step([first], 0.01)
         sm.on_step([last], 0.01)
     (line,) = [r.getMessage() for r in caplog.records if r.getMessage().startswith("request r7")]
-    assert line == ("request r7: arrived 0.5000, admitted +12.5 ms, queued +125.0 ms, scheduled +250.0 ms, first token +500.0 ms (server has it +750.0 "
+    assert line == ("request r7: arrived 0.5000, admitted +12.5 ms, queued +125.0 ms, scheduled +250.0 ms, first "
+                    "token +500.0 ms (server has it +750.0 "
                     "ms), finished +1500.0 ms; prompt 3 tokens (2 cached), output 3")
     caplog.clear()
     with caplog.at_level(logging.INFO, logger="tachyon"):  # not at the default level
