@@ -647,10 +647,10 @@ def graph_replay_ms(llm, batch: int) -> float | None:
 
 
 @torch.inference_mode()
-def decode_floor(llm, batch: int, ctx: int, reps: int = 20) -> dict:
+def decode_floor(llm, batch: int, ctx: int, reps: int = 20, kernels: bool = False) -> dict:
     """GPU time of one decode CUDA-graph replay with `batch` sequences at context `ctx` (real blocks, so
     attention reads ctx tokens per sequence): the device floor of a decode step at that load, to set against
-    the wall time per forward that a workload measured."""
+    the wall time per forward that a workload measured. kernels: also the per-kernel time of one replay."""
     import bisect
 
     from tachyon.engine.sequence import Sequence
@@ -689,19 +689,33 @@ def decode_floor(llm, batch: int, ctx: int, reps: int = 20) -> dict:
         e.record()
         e.synchronize()
         ms = s.elapsed_time(e) / reps
+        rows = None
+        if kernels:
+            from torch.profiler import ProfilerActivity, profile
+
+            with profile(activities=[ProfilerActivity.CUDA]) as prof:
+                graph.replay()
+                torch.cuda.synchronize()
+            rows = kernel_rows(prof)
     finally:
         for r in reqs:
             kv.free(r)
     weights = sum(p.numel() * p.element_size() for p in runner.model.parameters()) - \
         runner.model.embed_tokens.weight.numel() * 2
     kv_bytes = batch * ctx * 32 * 8 * 128 * 2 * runner.kv_dtype.itemsize
-    return {"batch": batch, "graph_size": bs, "ctx": ctx, "replay_ms": ms,
-            "GB_moved": (weights + kv_bytes) / 1e9, "TBps": (weights + kv_bytes) / ms / 1e9}
+    res = {"batch": batch, "graph_size": bs, "ctx": ctx, "replay_ms": ms,
+           "GB_moved": (weights + kv_bytes) / 1e9, "TBps": (weights + kv_bytes) / ms / 1e9}
+    if rows is not None:  # (with PDL a kernel's time includes its wait for the one before: the sum exceeds the replay)
+        res["kernels"] = [{"name": k, "ms": round(t, 4), "count": c} for k, t, c in rows[:25]]
+        res["total_kernel_ms"] = round(sum(r[1] for r in rows), 4)
+    return res
 
 
-def step_profile(llm, batch: int, ctx: int, prefill_seqs: int, prefill_len: int) -> dict:
-    """Per-kernel GPU time of one eager decode step (batch x 1 token at context ctx) and one prefill step
-    (prefill_seqs prompts of prefill_len tokens), with the step's wall time (host included) beside it."""
+def step_profile(llm, batch: int, ctx: int, prefill_seqs: int, prefill_len: int, mixed_decodes: int = 40) -> dict:
+    """Per-kernel GPU time of one eager decode step (batch x 1 token at context ctx), one prefill step
+    (prefill_seqs prompts of prefill_len tokens) and one mixed step as Poisson 20 req/s runs them (mixed_decodes
+    decodes at ctx beside one prompt of prefill_len: "mixed" eager, "mixed_graphs" the way the engine runs it,
+    piecewise graphs included), each with the step's wall time (host included) beside it."""
     from torch.profiler import ProfilerActivity, profile
 
     from tachyon.engine.sequence import Sequence
@@ -711,7 +725,9 @@ def step_profile(llm, batch: int, ctx: int, prefill_seqs: int, prefill_len: int)
     runner = llm.engine.runner
     kv = llm.engine.kv
     res = {}
-    for name, seqs_spec in (("decode", [(ctx, 1)] * batch), ("prefill", [(0, prefill_len)] * prefill_seqs)):
+    mixed = [(ctx, 1)] * mixed_decodes + [(0, prefill_len)]
+    for name, seqs_spec in (("decode", [(ctx, 1)] * batch), ("prefill", [(0, prefill_len)] * prefill_seqs),
+                            ("mixed", mixed), ("mixed_graphs", mixed)):
         reqs, seqs = [], []
         for j, (computed, new) in enumerate(seqs_spec):
             r = Sequence(seq_id=f"prof{j}", request_id=f"prof{j}", index=0, prompt_token_ids=[5] * (computed + new),
@@ -721,7 +737,9 @@ def step_profile(llm, batch: int, ctx: int, prefill_seqs: int, prefill_len: int)
             r.num_computed_tokens = computed
             reqs.append(r)
             seqs.append(ScheduledSeq(r, computed, new, True))
-        graphs, runner.cuda_graphs = runner.cuda_graphs, None  # eager, so every kernel shows
+        graphs, pieces = runner.cuda_graphs, runner.piecewise_graphs
+        if name != "mixed_graphs":
+            runner.cuda_graphs = runner.piecewise_graphs = None  # eager, so every kernel shows
         runner.collect(runner.submit(SchedulerOutput(seqs=seqs)))
         torch.cuda.synchronize()
         walls = []
@@ -733,12 +751,12 @@ def step_profile(llm, batch: int, ctx: int, prefill_seqs: int, prefill_len: int)
         with profile(activities=[ProfilerActivity.CUDA]) as prof:
             runner.collect(runner.submit(SchedulerOutput(seqs=seqs)))
             torch.cuda.synchronize()
-        runner.cuda_graphs = graphs
+        runner.cuda_graphs, runner.piecewise_graphs = graphs, pieces
         rows = kernel_rows(prof)
         total = sum(r[1] for r in rows)
         res[name] = {"batch": len(seqs), "tokens": sum(n for _, n in seqs_spec), "total_kernel_ms": total,
                      "wall_ms": 1e3 * sorted(walls)[1],
-                     "kernels": [{"name": k, "ms": round(ms, 4), "count": c} for k, ms, c in rows[:15]]}
+                     "kernels": [{"name": k, "ms": round(ms, 4), "count": c} for k, ms, c in rows[:25]]}
         for r in reqs:
             kv.free(r)
     return res
@@ -950,8 +968,9 @@ def cmd_perf(args) -> dict:
         llm.engine.kv.enable_prefix_caching = True
     if "floor" in wl:
         try:
-            out["decode_floor"] = [decode_floor(llm, b, c) for b, c in ((1, 768), (4, 640), (16, 640), (40, 640), (64, 640),
-                                                                        (256, 640), (256, 768))]
+            out["decode_floor"] = [decode_floor(llm, b, c, kernels=b in (16, 40))
+                                   for b, c in ((1, 768), (4, 640), (16, 640), (40, 640), (64, 640), (256, 640),
+                                                (256, 768))]
         except Exception:
             out["decode_floor"] = {"error": traceback.format_exc()}
         log("decode floor", out["decode_floor"])

@@ -35,6 +35,12 @@
 #   start-up once 00824ed stopped the row-count specialization (H100 Poisson p99 TTFT 469.5 -> 94.3 ms). Next, on an
 #   H200 (the bars): SERVER_ARGS="--log-level debug" PARTS="serve13" (issue 13's table; the timelines now stamp
 #   admitted/queued), then PARTS="q15" (the H200's fp8/w8a8 table still holds H100 picks), then PARTS="70b".
+# Session 2026-12-07f: a burst gate (a wave's adds held until its last request was tokenized, sent as one message)
+#   ran c16 + Poisson + c256 on an H100 (benchmarks/results/h100/session_20261207f/call1_burst_gate) and was not
+#   kept: one 8,192-token step took as long as the 2-3 it replaced, and mean TTFT rose. Next, on an H200:
+#   SERVER_ARGS="--log-level debug" LOADS13="c16 poisson20 c256" PARTS="serve13 diag13" (diag13 now profiles the
+#   decode graph at 16 and 40 rows x 640 and a Poisson-like mixed step, 40 decodes + one 512-token prompt, eager and
+#   with the piecewise graphs: where Poisson's TPOT goes), then PARTS="q15", then PARTS="70b".
 set -u
 export PYTHONPATH=.
 END=${END_S:-560}
@@ -55,8 +61,8 @@ for part in $PARTS; do
         2>&1 | grep -E "peer|Mean TPOT|P99 TTFT|Mean TTFT|P99 E2EL|Output token" | head -30
       mv "$OUT/server.log" "$OUT/server13.log" ;;
     diag13)
-      perf_run 8b_poisson_timeline --workloads cold,single,poisson,floor --poisson-variants fine --poisson-timeline \
-        --poisson-prompts 400 ;;
+      perf_run 8b_poisson_timeline --workloads cold,single,poisson,floor,profile --poisson-variants fine \
+        --poisson-timeline --poisson-prompts 400 ;;
     kern)  # the kernels against torch: prefill attention at 16 x 512 (the c16 burst) beside SDPA and varlen flash
       timeout 240 python benchmarks/gpu_kernels.py --out "$OUT/kernels.json" --budget-s 150 > "$OUT/kernels.log" 2>&1
       echo "gpu_kernels rc=$?"; grep -A5 "^prefill attention" "$OUT/kernels.log" ;;
