@@ -242,7 +242,10 @@ class OpenAIServing:
             texts = [p] if isinstance(p, str) else p
             for text in texts:
                 self._check_text(text)
-            ids = await asyncio.gather(*(self._batch_encoder.encode(t, req.add_special_tokens) for t in texts))
+            if len(texts) == 1:  # (gather would make it a task, which starts a loop turn later)
+                ids = [await self._batch_encoder.encode(texts[0], req.add_special_tokens)]
+            else:
+                ids = await asyncio.gather(*(self._batch_encoder.encode(t, req.add_special_tokens) for t in texts))
             prompts = list(zip(texts, ids, strict=True))
         elif p and all(isinstance(x, list) for x in p):
             prompts = [(None, list(ids)) for ids in p]

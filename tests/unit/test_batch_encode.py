@@ -1,5 +1,6 @@
-"""The server's batch tokenizer: a burst of prompts is one tokenizer call, each handler gets its own prompt's ids
-(the same as encoding it alone), special-token settings are kept apart, failures and cancellations stay local."""
+"""The server's batch tokenizer: the first prompt of a burst goes to the tokenizer at once, the rest of the burst (which
+arrived while it ran) in one more call; each handler gets its own prompt's ids (the same as encoding it alone),
+special-token settings are kept apart, failures and cancellations stay local."""
 
 from __future__ import annotations
 
@@ -19,15 +20,30 @@ def tokenizer(embedded_dir):
 TEXTS = [f"request {i}: " + "tokens " * i + "end" for i in range(16)]
 
 
-def test_a_burst_is_one_call_and_each_gets_its_own_ids(tokenizer):
-    enc = BatchEncoder(tokenizer)
+def recording(tokenizer) -> tuple[BatchEncoder, list]:
+    """An encoder whose tokenizer calls are listed (each call's texts)."""
+    calls = []
+
+    class Recording:
+        def __call__(self, texts, add_special_tokens):
+            calls.append(list(texts))
+            return tokenizer(texts, add_special_tokens=add_special_tokens)
+
+    return BatchEncoder(Recording()), calls
+
+
+def test_the_first_prompt_goes_at_once_and_the_rest_of_a_burst_is_one_call(tokenizer):
+    enc, calls = recording(tokenizer)
 
     async def burst():
-        return await asyncio.gather(*(enc.encode(t) for t in TEXTS))
+        first = asyncio.ensure_future(enc.encode(TEXTS[0]))
+        await asyncio.sleep(0)  # its handler has run: the first text is in the thread before the rest arrive
+        assert enc.num_batches == 1
+        return await asyncio.gather(first, *(enc.encode(t) for t in TEXTS[1:]))
 
     got = asyncio.run(burst())
     assert got == [tokenizer.encode(t) for t in TEXTS]
-    assert enc.num_batches == 1
+    assert calls == [TEXTS[:1], TEXTS[1:]] and enc.num_batches == 2
 
 
 def test_special_token_settings_are_kept_apart(tokenizer):
@@ -40,18 +56,11 @@ def test_special_token_settings_are_kept_apart(tokenizer):
     got = asyncio.run(burst())
     want = [tokenizer.encode(t, add_special_tokens=f) for t, f in zip(TEXTS, flags, strict=True)]
     assert got == want
-    assert enc.num_batches == 2
+    assert enc.num_batches == 2  # the first text alone, then the other 15 (one tokenizer call per setting)
 
 
 def test_arrivals_during_a_batch_form_the_next_and_cancelled_waiters_are_skipped(tokenizer):
-    calls = []
-
-    class Recording:
-        def __call__(self, texts, add_special_tokens):
-            calls.append(list(texts))
-            return tokenizer(texts, add_special_tokens=add_special_tokens)
-
-    enc = BatchEncoder(Recording())
+    enc, calls = recording(tokenizer)
 
     async def scenario():
         first = asyncio.ensure_future(enc.encode(TEXTS[0]))
