@@ -19,10 +19,18 @@ import triton
 import triton.language as tl
 
 from tachyon.kernels import pdl
+from tachyon.kernels.splits import sum_splits
 from tachyon.kernels.timing import median_replay_ms
 
 # (BLOCK_N, BLOCK_K, num_warps, num_stages): the candidates the tuner times on the device
 CONFIGS = [(8, 512, 4, 4), (16, 256, 4, 4), (16, 512, 8, 3), (32, 256, 4, 4), (32, 128, 4, 6), (64, 128, 8, 4)]
+# 2-64 rows, K split in SPLIT parts (a sixth entry; the fifth, late reduce, is a one-row option): a layer with few
+# output strips (o_proj's 4096 features in strips of 32 are 128 programs, under one per SM of a 132-SM card; qkv's
+# 192 leave the second wave half empty) gets SPLIT times the programs, and a second kernel sums the fp32 partials
+# in split order (deterministic). cuBLAS read o_proj/qkv at 2.5-3.2 of the H200's 4.24 TB/s at 2-64 rows
+# (benchmarks/results/h200/session_20261207c, h100/session_20261207f)
+SPLIT_CONFIGS = [(16, 256, 4, 4, False, 2), (16, 256, 4, 4, False, 4), (32, 256, 4, 4, False, 2),
+                 (32, 256, 4, 4, False, 4), (32, 128, 4, 6, False, 4), (64, 128, 8, 4, False, 2)]
 # one-row candidates that keep a [BLOCK_N, BLOCK_K] fp32 accumulator and reduce it once at the end, instead of
 # a cross-thread reduction every K step (a fifth entry, True, says so)
 ONE_ROW_CONFIGS = [(8, 512, 4, 4, True), (4, 1024, 4, 4, True), (16, 256, 4, 4, True), (8, 1024, 8, 3, True)]
@@ -39,8 +47,11 @@ def _gemv_kernel(
     M, N, K, stride_xm, stride_wn, stride_ym,
     HAS_BIAS: tl.constexpr, ONE_ROW: tl.constexpr, M_PAD: tl.constexpr, IEEE: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, LATE_REDUCE: tl.constexpr,
-    PDL: tl.constexpr = False,
+    PDL: tl.constexpr = False, K_SPLIT=0,
 ):
+    """y[:, strip] = x @ W[strip].T (+ bias). With a K split (grid axis 1, K_SPLIT > 0: the K elements of each
+    part, a multiple of BLOCK_K) program (n, s) writes the fp32 partial of K part s to y + s * M * N (y is then
+    [split, M, N]; no bias: sum_splits adds it); only the several-rows path splits."""
     pdl.enter(PDL)
     pid = tl.program_id(0)
     offs_n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -70,7 +81,13 @@ def _gemv_kernel(
         offs_m = tl.arange(0, M_PAD)
         mask_m = offs_m < M
         acc = tl.zeros((BLOCK_N, M_PAD), dtype=tl.float32)
-        for k0 in range(0, K, BLOCK_K):
+        k_start = 0
+        k_end = K
+        if K_SPLIT > 0:
+            k_start = tl.program_id(1) * K_SPLIT
+            k_end = tl.minimum(k_start + K_SPLIT, K)
+            y_ptr += tl.program_id(1).to(tl.int64) * M * N
+        for k0 in range(k_start, k_end, BLOCK_K):
             kk = k0 + offs_k
             mask_k = kk < K
             w = tl.load(w_rows + kk[None, :], mask=mask_n[:, None] & mask_k[None, :], other=0.0)
@@ -89,7 +106,8 @@ def _gemv_kernel(
 def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
          config: tuple = (16, 256, 4, 4), out: torch.Tensor | None = None) -> torch.Tensor:
     """x [M, K] (M <= MAX_ROWS) @ weight [N, K].T (+ bias [N]) -> [M, N] in x's dtype, accumulated in fp32.
-    config: (BLOCK_N, BLOCK_K, num_warps, num_stages[, late_reduce]) (CONFIGS, ONE_ROW_CONFIGS)."""
+    config: (BLOCK_N, BLOCK_K, num_warps, num_stages[, late_reduce[, split]]) (CONFIGS, ONE_ROW_CONFIGS,
+    SPLIT_CONFIGS; a split applies from 2 rows)."""
     M, K = x.shape
     N = weight.shape[0]
     if M > MAX_ROWS:
@@ -105,15 +123,23 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
         return y
     block_n, block_k, warps, stages = config[:4]
     late = len(config) > 4 and bool(config[4]) and M == 1
+    block_k = min(block_k, max(triton.next_power_of_2(K), 16))
+    split, k_split = 1, 0
     if M > 1:
         block_n = max(block_n, 16)  # tl.dot's smallest tile
-    _gemv_kernel[(triton.cdiv(N, block_n),)](
-        x, weight, bias if bias is not None else weight, y,
-        M, N, K, x.stride(0), weight.stride(0), y.stride(0),
-        HAS_BIAS=bias is not None, ONE_ROW=M == 1, M_PAD=m_pad(M), IEEE=x.dtype == torch.float32, BLOCK_N=block_n,
-        BLOCK_K=min(block_k, max(triton.next_power_of_2(K), 16)), LATE_REDUCE=late, num_warps=warps, num_stages=stages,
-        **pdl.launch_args(),
+        if len(config) > 5 and config[5] > 1:
+            k_split = triton.cdiv(triton.cdiv(K, block_k), config[5]) * block_k
+            split = triton.cdiv(K, k_split)
+    dst = y if split == 1 else torch.empty(split, M, N, dtype=torch.float32, device=x.device)
+    _gemv_kernel[(triton.cdiv(N, block_n), split)](
+        x, weight, bias if bias is not None else weight, dst,
+        M, N, K, x.stride(0), weight.stride(0), dst.stride(-2),
+        HAS_BIAS=bias is not None and split == 1, ONE_ROW=M == 1, M_PAD=m_pad(M), IEEE=x.dtype == torch.float32,
+        BLOCK_N=block_n, BLOCK_K=block_k, LATE_REDUCE=late, num_warps=warps, num_stages=stages,
+        K_SPLIT=k_split, **pdl.launch_args(),
     )
+    if split > 1:
+        sum_splits(dst, bias, y)
     return y
 
 
@@ -128,10 +154,11 @@ def row_bucket(m: int) -> int:
 
 
 def candidates(m: int) -> list[tuple]:
-    """The configs the tuner times for a row bucket: above 16 rows, those whose x tile fits MAX_X_TILE."""
+    """The configs the tuner times for a row bucket: above 16 rows, those whose x tile fits MAX_X_TILE; from 2
+    rows, the K-split ones too."""
     if m == 1:
         return CONFIGS + ONE_ROW_CONFIGS
-    return [c for c in CONFIGS if m <= 16 or c[1] * m_pad(m) <= MAX_X_TILE]
+    return [c for c in CONFIGS + SPLIT_CONFIGS if m <= 16 or c[1] * m_pad(m) <= MAX_X_TILE]
 
 
 def _forward(self: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:

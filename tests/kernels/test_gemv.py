@@ -5,6 +5,7 @@ import torch.nn.functional as F
 from tachyon.kernels.gemv import (
     CONFIGS,
     ONE_ROW_CONFIGS,
+    SPLIT_CONFIGS,
     candidates,
     check_config,
     gemv,
@@ -30,6 +31,23 @@ def test_gemv_matches_linear(dtype, device, rel_err, m, n, k, bias):
         out = gemv(x, w, b, cfg)
         assert out.shape == (m, n) and out.dtype == dtype
         assert rel_err(out, ref) <= TOL[dtype], cfg
+
+
+@pytest.mark.parametrize("m", [1, 2, 16, 40])
+@pytest.mark.parametrize("bias", [False, True])
+def test_gemv_split_k_matches_linear_and_one_row_ignores_the_split(dtype, device, rel_err, m, bias):
+    # K = 1100: 5 tiles of 256, split 2 -> parts of 3 and 2 tiles, split 4 -> 2, 2, 1 (the last part short);
+    # the partials are summed by a second kernel, which also adds the bias
+    torch.manual_seed(m)
+    n, k = 40, 1100
+    x = torch.randn(m, k).to(device=device, dtype=dtype)
+    w = (torch.randn(n, k) / k ** 0.5).to(device=device, dtype=dtype)
+    b = torch.randn(n).to(device=device, dtype=dtype) if bias else None
+    ref = F.linear(x.float(), w.float(), b.float() if bias else None)
+    out = torch.full((m, n), float("nan"), device=device, dtype=dtype)
+    for cfg in (SPLIT_CONFIGS[0], SPLIT_CONFIGS[1]) if device == "cpu" else SPLIT_CONFIGS:
+        got = gemv(x, w, b, cfg, out=out)
+        assert got is out and rel_err(out, ref) <= TOL[dtype], cfg
 
 
 def test_gemv_strided_rows_and_out(device, rel_err):
@@ -73,8 +91,9 @@ def test_candidates_keep_the_x_tile_small_above_16_rows():
     # (BLOCK_K x padded rows) stays within MAX_X_TILE: (8, 512, ...) would stage 64 KB of x at 64 rows
     from tachyon.kernels.gemv import MAX_X_TILE
 
-    assert candidates(1) == CONFIGS + ONE_ROW_CONFIGS and candidates(16) == CONFIGS
+    assert candidates(1) == CONFIGS + ONE_ROW_CONFIGS and candidates(16) == CONFIGS + SPLIT_CONFIGS
     assert CONFIGS[0] in candidates(32) and CONFIGS[0] not in candidates(64)
+    assert set(SPLIT_CONFIGS) <= set(candidates(2)) and SPLIT_CONFIGS[0] in candidates(64)
     assert candidates(64) and all(c[1] * 64 <= MAX_X_TILE for c in candidates(64))
 
 
