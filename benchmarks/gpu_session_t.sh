@@ -41,6 +41,11 @@
 #   SERVER_ARGS="--log-level debug" LOADS13="c16 poisson20 c256" PARTS="serve13 diag13" (diag13 now profiles the
 #   decode graph at 16 and 40 rows x 640 and a Poisson-like mixed step, 40 decodes + one 512-token prompt, eager and
 #   with the piecewise graphs: where Poisson's TPOT goes), then PARTS="q15", then PARTS="70b".
+#   Two H100 calls ran (benchmarks/results/h100/session_20261207f); no H200 came. Next, on any card first:
+#   `PYTHONPATH=. python benchmarks/gemv_tune_check.py --out $OUT/gemv_tune.json` (the gemv K-split configs against
+#   cuBLAS at 2-64 rows, never run on a GPU: if they win qkv/o_proj, turn TACHYON_GEMV_SPLIT on by default); then on
+#   an H200: SERVER_ARGS="--log-level debug" LOADS13="c16 poisson20 c256" PARTS="serve13 diag13", then PARTS="q15"
+#   (TUNE15_CONFIG_ROWS=1,4,16: the fp8 "wo" configs were never timed at one row), then PARTS="70b".
 set -u
 export PYTHONPATH=.
 END=${END_S:-560}

@@ -11,6 +11,7 @@ installs it only where it measures faster: a layer never gets slower than cuBLAS
 
 from __future__ import annotations
 
+import os
 import types
 
 import torch
@@ -24,7 +25,8 @@ from tachyon.kernels.timing import median_replay_ms
 
 # (BLOCK_N, BLOCK_K, num_warps, num_stages): the candidates the tuner times on the device
 CONFIGS = [(8, 512, 4, 4), (16, 256, 4, 4), (16, 512, 8, 3), (32, 256, 4, 4), (32, 128, 4, 6), (64, 128, 8, 4)]
-# 2-64 rows, K split in SPLIT parts (a sixth entry; the fifth, late reduce, is a one-row option): a layer with few
+# 2-64 rows, K split in SPLIT parts (a sixth entry; the fifth, late reduce, is a one-row option; timed by the tuner
+# only with TACHYON_GEMV_SPLIT=1 until a GPU run has measured them: split_candidates_enabled): a layer with few
 # output strips (o_proj's 4096 features in strips of 32 are 128 programs, under one per SM of a 132-SM card; qkv's
 # 192 leave the second wave half empty) gets SPLIT times the programs, and a second kernel sums the fp32 partials
 # in split order (deterministic). cuBLAS read o_proj/qkv at 2.5-3.2 of the H200's 4.24 TB/s at 2-64 rows
@@ -153,12 +155,19 @@ def row_bucket(m: int) -> int:
     return 1 if m <= 1 else triton.next_power_of_2(m)
 
 
-def candidates(m: int) -> list[tuple]:
+def split_candidates_enabled() -> bool:
+    """TACHYON_GEMV_SPLIT=1: the tuner also times SPLIT_CONFIGS from 2 rows. Off by default until a GPU run has
+    measured them against cuBLAS (each adds compiles to start-up): `benchmarks/gemv_tune_check.py` sets it."""
+    return os.environ.get("TACHYON_GEMV_SPLIT", "0") not in ("", "0")
+
+
+def candidates(m: int, split: bool | None = None) -> list[tuple]:
     """The configs the tuner times for a row bucket: above 16 rows, those whose x tile fits MAX_X_TILE; from 2
-    rows, the K-split ones too."""
+    rows, the K-split ones too where `split` (default: split_candidates_enabled())."""
     if m == 1:
         return CONFIGS + ONE_ROW_CONFIGS
-    return [c for c in CONFIGS + SPLIT_CONFIGS if m <= 16 or c[1] * m_pad(m) <= MAX_X_TILE]
+    split = split_candidates_enabled() if split is None else split
+    return [c for c in CONFIGS + (SPLIT_CONFIGS if split else []) if m <= 16 or c[1] * m_pad(m) <= MAX_X_TILE]
 
 
 def _forward(self: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:

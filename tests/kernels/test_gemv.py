@@ -91,10 +91,19 @@ def test_candidates_keep_the_x_tile_small_above_16_rows():
     # (BLOCK_K x padded rows) stays within MAX_X_TILE: (8, 512, ...) would stage 64 KB of x at 64 rows
     from tachyon.kernels.gemv import MAX_X_TILE
 
-    assert candidates(1) == CONFIGS + ONE_ROW_CONFIGS and candidates(16) == CONFIGS + SPLIT_CONFIGS
+    assert candidates(1) == CONFIGS + ONE_ROW_CONFIGS and candidates(16) == CONFIGS
     assert CONFIGS[0] in candidates(32) and CONFIGS[0] not in candidates(64)
-    assert set(SPLIT_CONFIGS) <= set(candidates(2)) and SPLIT_CONFIGS[0] in candidates(64)
-    assert candidates(64) and all(c[1] * 64 <= MAX_X_TILE for c in candidates(64))
+    assert candidates(16, split=True) == CONFIGS + SPLIT_CONFIGS and SPLIT_CONFIGS[0] in candidates(64, split=True)
+    assert not set(SPLIT_CONFIGS) & set(candidates(1, split=True))  # one row never splits
+    for split in (False, True):
+        assert candidates(64, split) and all(c[1] * 64 <= MAX_X_TILE for c in candidates(64, split))
+
+
+def test_split_candidates_are_off_unless_asked_for(monkeypatch):
+    monkeypatch.delenv("TACHYON_GEMV_SPLIT", raising=False)
+    assert not set(SPLIT_CONFIGS) & set(candidates(4))
+    monkeypatch.setenv("TACHYON_GEMV_SPLIT", "1")
+    assert set(SPLIT_CONFIGS) <= set(candidates(4))
 
 
 def test_use_gemv_routes_small_batches_only(device, rel_err, monkeypatch):
