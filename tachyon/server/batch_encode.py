@@ -24,22 +24,23 @@ class BatchEncoder:
     def __init__(self, tokenizer):
         self.tokenizer = tokenizer
         self._pending: list[tuple[str, bool, asyncio.Future]] = []
-        self._busy = False  # a batch is in the worker thread
+        self._busy: asyncio.AbstractEventLoop | None = None  # the loop whose batch is in the worker thread
         self.num_batches = 0  # tokenizer batches run (a burst of n prompts should be few of them)
 
     async def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         loop = asyncio.get_running_loop()
         fut = loop.create_future()
         self._pending.append((text, add_special_tokens, fut))
-        if not self._busy:
+        if self._busy is not loop:  # idle, or busy for a loop that has gone (its batch can never report here)
             self._start(loop)
         return await fut
 
     def _start(self, loop: asyncio.AbstractEventLoop) -> None:
-        """Send the pending texts (of handlers still waiting) to the thread now, if any."""
-        batch = [item for item in self._pending if not item[2].done()]  # (a client gone meanwhile: skipped)
+        """Send the pending texts (of handlers on this loop still waiting) to the thread now, if any."""
+        # (a client gone meanwhile is skipped, and so is a waiter of a loop that has gone)
+        batch = [item for item in self._pending if not item[2].done() and item[2].get_loop() is loop]
         self._pending = []
-        self._busy = bool(batch)
+        self._busy = loop if batch else None
         if not batch:
             return
         self.num_batches += 1

@@ -95,3 +95,30 @@ def test_a_failing_tokenizer_fails_its_batch_and_the_encoder_recovers(tokenizer)
     assert [str(e) for e in failed] == ["tokenizer exploded"] * 3
     flaky.broken = False
     assert asyncio.run(burst()) == [tokenizer.encode(t) for t in TEXTS[:3]]
+
+
+def test_an_encoder_whose_loop_ended_mid_batch_serves_the_next_loop(tokenizer):
+    """A batch still in the thread when its event loop closed never reports back; the next loop's prompts must not
+    wait for it (a server app driven by several asyncio.run calls, as tests do)."""
+    import threading
+
+    release = threading.Event()
+
+    class Slow:
+        def __call__(self, texts, add_special_tokens):
+            release.wait(5)
+            return tokenizer(texts, add_special_tokens=add_special_tokens)
+
+    enc = BatchEncoder(Slow())
+    first = asyncio.new_event_loop()
+    task = first.create_task(enc.encode(TEXTS[0]))
+    first.run_until_complete(asyncio.sleep(0.01))  # its batch is in the thread, held there
+    task.cancel()
+    first.run_until_complete(asyncio.sleep(0))
+    first.close()  # (without waiting for the thread: its batch can no longer report to this loop)
+    release.set()
+
+    async def again():
+        return await asyncio.wait_for(enc.encode(TEXTS[1]), 10)
+
+    assert asyncio.run(again()) == tokenizer.encode(TEXTS[1])
