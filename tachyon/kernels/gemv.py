@@ -29,8 +29,8 @@ CONFIGS = [(8, 512, 4, 4), (16, 256, 4, 4), (16, 512, 8, 3), (32, 256, 4, 4), (3
 # only with TACHYON_GEMV_SPLIT=1 until a GPU run has measured them: split_candidates_enabled): a layer with few
 # output strips (o_proj's 4096 features in strips of 32 are 128 programs, under one per SM of a 132-SM card; qkv's
 # 192 leave the second wave half empty) gets SPLIT times the programs, and a second kernel sums the fp32 partials
-# in split order (deterministic). cuBLAS read o_proj/qkv at 2.5-3.2 of the H200's 4.24 TB/s at 2-64 rows
-# (benchmarks/results/h200/session_20261207c, h100/session_20261207f)
+# in split order (deterministic). cuBLAS read o_proj/qkv at 2.5-3.2 of the H200's 4.24 TB/s at 2-16 rows
+# (benchmarks/results/h200/session_20261207c) and at 2.0-2.5 of the H100's ~3.0 at 2-64 (h100/session_20261207f)
 SPLIT_CONFIGS = [(16, 256, 4, 4, False, 2), (16, 256, 4, 4, False, 4), (32, 256, 4, 4, False, 2),
                  (32, 256, 4, 4, False, 4), (32, 128, 4, 6, False, 4), (64, 128, 8, 4, False, 2)]
 # one-row candidates that keep a [BLOCK_N, BLOCK_K] fp32 accumulator and reduce it once at the end, instead of

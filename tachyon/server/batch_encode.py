@@ -60,7 +60,7 @@ class BatchEncoder:
     def _finish(self, loop: asyncio.AbstractEventLoop, batch: list, job: asyncio.Future) -> None:
         try:
             results = job.result()
-        except (Exception, asyncio.CancelledError) as e:  # the same failure for every text of the batch (a broken tokenizer)
+        except (Exception, asyncio.CancelledError) as e:  # the same failure for every text (a broken tokenizer)
             for _, _, fut in batch:
                 if not fut.done():
                     fut.set_exception(e)
