@@ -500,6 +500,13 @@ class ModelRunner:
                 self.piecewise_graphs = None
                 torch.cuda.synchronize()
             self.timings["piecewise_graph_capture_s"] = time.perf_counter() - t0
+            pw = self.piecewise_graphs
+            if pw is not None:
+                self.timings["piecewise_buckets"] = float(len(pw.sizes))
+                if pw.costs:
+                    fine = [s for s in pw.sizes if s in pw.costs]
+                    logger.info("piecewise buckets from %d to %d tokens by measured cost: %s", min(pw.costs),
+                                max(pw.costs), " ".join(f"{s}:{pw.costs[s]:.2f}ms" for s in fine))
             if self.piecewise_graphs is not None and self.piecewise_graphs.calibration:
                 c = self.piecewise_graphs.calibration
                 self.timings["piecewise_eager_from_tokens"] = float(c["eager_from"])

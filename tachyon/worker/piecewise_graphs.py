@@ -10,6 +10,10 @@ take T padded up to the bucket (padding rows: token 0, position 0, slot -1, so t
 attention kernels between them read the real T rows and the real block tables, query starts and context
 lengths. A step costs L + 1 graph launches and the attention launches instead of every kernel of the model.
 
+The buckets are a grid that pads a step by at most 1/8, except from 256 to 2,048 tokens, where start-up times the
+model's linears every 8 rows and keeps the sizes that are cheaper than any larger one (choose_buckets): cuBLAS's
+kernel choice jumps with the row count, so a larger bucket can cost less than a smaller one.
+
 A step large enough that its own device time hides the host's launches of an eager forward (eager_from,
 measured at capture) and that its bucket would pad runs eagerly at its own size instead: there the padding
 rows cost compute and the graph saves nothing.
@@ -22,6 +26,7 @@ from __future__ import annotations
 
 import bisect
 import math
+import os
 import time
 
 import numpy as np
@@ -43,6 +48,79 @@ def piecewise_buckets(max_tokens: int, per_octave: int = 8) -> list[int]:
             step = s // per_octave
         s += step
     return sizes + [max_tokens]
+
+
+FINE_BUCKETS = (256, 2048, 8)  # where start-up times the linears every 8 rows: (first, last, step) tokens
+
+
+def choose_buckets(grid: list[int], cost, fine: tuple[int, int, int] = FINE_BUCKETS,
+                   keep: float = 0.95) -> tuple[list[int], dict[int, float]]:
+    """Buckets from measured cost: `grid` (piecewise_buckets) outside the fine range; inside it, the sizes every
+    `fine[2]` tokens whose cost(tokens) (ms of the model's linears at that many rows) is under `keep` times the
+    cost of the next larger size kept (scanned downward from the range's top grid size, always kept). cuBLAS's
+    kernel choice jumps with M: on the H100 llama3-8b's linears took 14.6 ms at 552 rows, 11.4 at 568 and 12.4 at
+    576, so a Poisson step of 40 decodes and a 512-token prompt is cheaper padded to 568 than to the grid's 576.
+    A step of T tokens then replays a bucket costing at most cost(T rounded up to fine[2]) / keep.
+    Returns (sizes, {tokens: cost} of the fine range)."""
+    lo, hi_cap, step = fine
+    hi = max((s for s in grid if lo <= s <= hi_cap and s % step == 0), default=None)
+    if hi is None or hi <= lo or lo % step:
+        return grid, {}
+    sizes = list(range(lo, hi + 1, step))
+    costs = {}
+    for t in reversed(sizes):  # largest first: a budget cut keeps the anchor
+        try:
+            costs[t] = float(cost(t))
+        except TimeoutError:
+            break
+    if hi not in costs:
+        return grid, {}
+    kept = [hi]
+    for t in reversed(sizes[:-1]):
+        if t in costs and costs[t] < keep * costs[kept[-1]]:
+            kept.append(t)
+    if len(costs) < len(sizes):  # not all measured: the grid's sizes below the lowest measured one stay
+        low = min(costs)
+        kept += [s for s in grid if lo <= s < low]
+    return sorted({s for s in grid if s < lo or s > hi} | set(kept)), costs
+
+
+def linear_cost(model, dtype: torch.dtype, budget_s: float = 8.0):
+    """A cost(tokens) for choose_buckets: GPU ms of one decoder layer's linears at that many rows (each called as
+    the forward calls it, cuBLAS or a quantized kernel), times the layers; or None where the model has no
+    `layers` of linears. Past budget_s of timing it raises TimeoutError (choose_buckets keeps what it measured)."""
+    from tachyon.layers.linear import QuantLinear
+
+    layers = getattr(model, "layers", None)
+    if not layers:
+        return None
+    mods = [m for m in layers[0].modules() if isinstance(m, (torch.nn.Linear, QuantLinear))]
+    if not mods:
+        return None
+    dev = next(p for p in layers[0].parameters()).device
+    hi = FINE_BUCKETS[1]
+    xs = {m.in_features: torch.randn(hi, m.in_features, device=dev, dtype=dtype) for m in mods}
+    t_end = time.perf_counter() + budget_s
+
+    def cost(tokens: int) -> float:
+        if time.perf_counter() > t_end:
+            raise TimeoutError
+        run = [(m, xs[m.in_features][:tokens]) for m in mods]
+        for m, x in run:  # the first call picks (and caches) cuBLAS's kernel for this M
+            m(x)
+        times = []
+        for _ in range(5):
+            s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            s.record()
+            for _ in range(2):
+                for m, x in run:
+                    m(x)
+            e.record()
+            e.synchronize()
+            times.append(s.elapsed_time(e) / 2)
+        return sorted(times)[2] * len(layers)
+
+    return cost
 
 
 def eager_from(per_token_ms: float, launch_ms: float, hide: float = 2.0) -> int:
@@ -143,6 +221,7 @@ class PiecewiseGraphs:
         # from how many tokens a step whose bucket pads it runs eagerly at its own size (measured by capture)
         self.eager_from = 1 << 62
         self.calibration: dict[str, float] = {}
+        self.costs: dict[int, float] = {}  # ms of the linears at each fine-range size (choose_buckets)
         # one query and one attention output for every layer and bucket: graph i+1 reads layer i's output
         # (and attention i its query) before anything writes them again
         self._shared: dict[str, torch.Tensor] = {}
@@ -157,7 +236,14 @@ class PiecewiseGraphs:
     @classmethod
     @torch.inference_mode()
     def capture(cls, runner) -> PiecewiseGraphs:
-        self = cls(runner, piecewise_buckets(runner.config.scheduler.max_num_batched_tokens))
+        sizes, costs = piecewise_buckets(runner.config.scheduler.max_num_batched_tokens), {}
+        # ranks must agree on the buckets; TACHYON_FINE_BUCKETS=0 keeps the plain grid (an A/B switch)
+        measure = runner.tp is None and os.environ.get("TACHYON_FINE_BUCKETS", "1") != "0"
+        cost = linear_cost(runner.model, runner.dtype) if measure else None
+        if cost is not None:
+            sizes, costs = choose_buckets(sizes, cost)
+        self = cls(runner, sizes)
+        self.costs = costs
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):
@@ -223,10 +309,14 @@ class PiecewiseGraphs:
 
     def fits(self, num_tokens: int) -> bool:
         """Whether a step of num_tokens replays graphs: it fits a bucket, and not one that pads it more than an
-        exact-size eager step costs (eager_wins)."""
+        exact-size eager step costs (eager_wins; inside the fine range, the linears' measured costs decide)."""
         if num_tokens > self.sizes[-1]:
             return False
-        return not eager_wins(num_tokens, self.sizes[bisect.bisect_left(self.sizes, num_tokens)], self.eager_from)
+        bucket = self.sizes[bisect.bisect_left(self.sizes, num_tokens)]
+        own = self.costs.get(-(-num_tokens // FINE_BUCKETS[2]) * FINE_BUCKETS[2])
+        if own is not None and bucket in self.costs:  # measured: eager where its own size is clearly cheaper
+            return num_tokens < self.eager_from or self.costs[bucket] * (1 - 1 / 64) <= own
+        return not eager_wins(num_tokens, bucket, self.eager_from)
 
     def replay(self, input_ids: torch.Tensor, positions: np.ndarray, slots: np.ndarray,
                meta: AttentionMetadata) -> torch.Tensor:

@@ -69,3 +69,31 @@ def test_padded_steps_run_eagerly_at_their_own_size_and_match_transformers(tmp_p
     assert all(n < 17 or n % 16 == 0 for n in replays), replays  # only exact buckets (or small steps) replayed
     eng.check_integrity()
     assert eng.kv.num_free_blocks == eng.kv.num_blocks
+
+
+def test_buckets_by_measured_cost_replay_steps_that_match_transformers(tmp_path):
+    hf = make_tiny_checkpoint("llama", str(tmp_path), seed=8)
+    llm = LLM(model=str(tmp_path), dtype="float32", num_kv_blocks=256, block_size=16, swap_space=0,
+              max_num_batched_tokens=512, max_model_len=512)
+    pw = llm.engine.runner.piecewise_graphs
+    assert sorted(pw.costs) == list(range(256, 513, 8)) and all(c > 0 for c in pw.costs.values())
+    assert 512 in pw.sizes and [s for s in pw.sizes if s < 256] == list(range(16, 256, 16))
+    fine = [s for s in pw.sizes if s >= 256]
+    assert all(pw.costs[a] < 0.95 * pw.costs[b] for a, b in zip(fine, fine[1:], strict=False))
+    eng = llm.engine
+    prompts = [[5 + (3 * i + 7 * j) % 400 for j in range(n)] for i, n in enumerate((300, 20, 260, 170))]
+    replays = []
+    real = pw.replay
+    pw.replay = lambda ids, pos, slots, meta: replays.append(len(pos)) or real(ids, pos, slots, meta)
+    done = {}
+    pending = list(enumerate(prompts))
+    while pending or eng.has_unfinished_requests():
+        if pending:
+            i, p = pending.pop(0)
+            eng.add_request(f"r{i}", None, p, SamplingParams(temperature=0, max_tokens=8, ignore_eos=True))
+        done.update({o.request_id: o.outputs[0].token_ids for o in eng.step() if o.finished})
+    for i, p in enumerate(prompts):
+        assert done[f"r{i}"] == hf_greedy(hf, p, 8), i
+    assert any(n > 256 for n in replays), replays
+    eng.check_integrity()
+    assert eng.kv.num_free_blocks == eng.kv.num_blocks
