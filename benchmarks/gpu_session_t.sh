@@ -78,6 +78,17 @@ for part in $PARTS; do
         timeout $((END - SECONDS - 20)) bash benchmarks/h200_serve.sh 2>&1 \
         | grep -E "peer|Mean TPOT|P99 TTFT|Mean TTFT|P99 E2EL|Output token" | head -30
       mv "$OUT/b2048/server.log" "$OUT/budget2048.log" ;;
+    gputests)  # the piecewise-graph and gemv tests on the card (the cost-chosen buckets' capture among them)
+      gpu_tests 150 tests/kernels/test_piecewise_graphs.py tests/kernels/test_gemv.py ;;
+    gemvcheck)  # the gemv K-split configs against cuBLAS at 2-64 rows on llama3-8b's qkv/o/down shapes
+      timeout 170 python benchmarks/gemv_tune_check.py --out "$OUT/gemv_tune.json" > "$OUT/gemv_tune.log" 2>&1
+      echo "gemv_tune_check rc=$?"; cut -c1-400 "$OUT/gemv_tune.log" | tail -4 ;;
+    fineab)  # the serve run with the plain bucket grid (TACHYON_FINE_BUCKETS=0), beside serve13's measured buckets
+      [ $SECONDS -lt $((END - 150)) ] || { echo "== fineab: no time left"; continue; }
+      mkdir -p "$OUT/grid"
+      OUT="$OUT/grid" PEER=1 LOADS="${LOADSAB:-poisson20}" TACHYON_FINE_BUCKETS=0 timeout $((END - SECONDS - 20)) \
+        bash benchmarks/h200_serve.sh 2>&1 | grep -E "peer|Mean TPOT|P99 TTFT|Mean TTFT|P99 E2EL|Output token" | head -30
+      mv "$OUT/grid/server.log" "$OUT/server_grid.log" ;;
     70b) awq70b_direct ;;
     q15) issue15_curves ;;
   esac
