@@ -12,6 +12,22 @@ from tests.conftest import hf_greedy, make_tiny_checkpoint
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 
 
+def run_arrivals(eng, hf, prompts, max_tokens):
+    """One arrival per step (each joins the decodes already running); asserts transformers' greedy tokens for
+    every prompt and the block accounting back to zero."""
+    done = {}
+    pending = list(enumerate(prompts))
+    while pending or eng.has_unfinished_requests():
+        if pending:
+            i, p = pending.pop(0)
+            eng.add_request(f"r{i}", None, p, SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True))
+        done.update({o.request_id: o.outputs[0].token_ids for o in eng.step() if o.finished})
+    for i, p in enumerate(prompts):
+        assert done[f"r{i}"] == hf_greedy(hf, p, max_tokens), i
+    eng.check_integrity()
+    assert eng.kv.num_free_blocks == eng.kv.num_blocks
+
+
 def test_mixed_steps_in_piecewise_graphs_match_transformers(tmp_path):
     hf = make_tiny_checkpoint("llama", str(tmp_path), seed=6)
     llm = LLM(model=str(tmp_path), dtype="float32", num_kv_blocks=256, block_size=16, swap_space=0,
@@ -24,18 +40,8 @@ def test_mixed_steps_in_piecewise_graphs_match_transformers(tmp_path):
     pw.replay = lambda ids, pos, slots, meta: replays.append(len(pos)) or real(ids, pos, slots, meta)
     eng = llm.engine
     prompts = [[5 + (7 * i + 3 * j) % 400 for j in range(n)] for i, n in enumerate((3, 21, 40, 90, 7, 33))]
-    done = {}
-    pending = list(enumerate(prompts))
-    while pending or eng.has_unfinished_requests():
-        if pending:  # one arrival per step: each joins the decodes already running
-            i, p = pending.pop(0)
-            eng.add_request(f"r{i}", None, p, SamplingParams(temperature=0, max_tokens=12, ignore_eos=True))
-        done.update({o.request_id: o.outputs[0].token_ids for o in eng.step() if o.finished})
-    for i, p in enumerate(prompts):
-        assert done[f"r{i}"] == hf_greedy(hf, p, 12), i
+    run_arrivals(eng, hf, prompts, 12)
     assert len(replays) >= len(prompts) and any(n > 32 for n in replays) and any(n < 16 for n in replays)
-    eng.check_integrity()
-    assert eng.kv.num_free_blocks == eng.kv.num_blocks
 
 
 def test_padded_steps_run_eagerly_at_their_own_size_and_match_transformers(tmp_path):
@@ -56,19 +62,9 @@ def test_padded_steps_run_eagerly_at_their_own_size_and_match_transformers(tmp_p
     llm.engine.runner.model.forward = model
     eng = llm.engine
     prompts = [[5 + (5 * i + 3 * j) % 400 for j in range(n)] for i, n in enumerate((3, 21, 40, 90, 7, 33))]
-    done = {}
-    pending = list(enumerate(prompts))
-    while pending or eng.has_unfinished_requests():
-        if pending:
-            i, p = pending.pop(0)
-            eng.add_request(f"r{i}", None, p, SamplingParams(temperature=0, max_tokens=12, ignore_eos=True))
-        done.update({o.request_id: o.outputs[0].token_ids for o in eng.step() if o.finished})
-    for i, p in enumerate(prompts):
-        assert done[f"r{i}"] == hf_greedy(hf, p, 12), i
+    run_arrivals(eng, hf, prompts, 12)
     assert any(n > 17 and n % 16 for n in eager), eager  # padded sizes ran eagerly
     assert all(n < 17 or n % 16 == 0 for n in replays), replays  # only exact buckets (or small steps) replayed
-    eng.check_integrity()
-    assert eng.kv.num_free_blocks == eng.kv.num_blocks
 
 
 def test_buckets_by_measured_cost_replay_steps_that_match_transformers(tmp_path):
@@ -85,15 +81,5 @@ def test_buckets_by_measured_cost_replay_steps_that_match_transformers(tmp_path)
     replays = []
     real = pw.replay
     pw.replay = lambda ids, pos, slots, meta: replays.append(len(pos)) or real(ids, pos, slots, meta)
-    done = {}
-    pending = list(enumerate(prompts))
-    while pending or eng.has_unfinished_requests():
-        if pending:
-            i, p = pending.pop(0)
-            eng.add_request(f"r{i}", None, p, SamplingParams(temperature=0, max_tokens=8, ignore_eos=True))
-        done.update({o.request_id: o.outputs[0].token_ids for o in eng.step() if o.finished})
-    for i, p in enumerate(prompts):
-        assert done[f"r{i}"] == hf_greedy(hf, p, 8), i
+    run_arrivals(eng, hf, prompts, 8)
     assert any(n > 256 for n in replays), replays
-    eng.check_integrity()
-    assert eng.kv.num_free_blocks == eng.kv.num_blocks
