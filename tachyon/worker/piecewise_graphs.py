@@ -86,7 +86,7 @@ def choose_buckets(grid: list[int], cost, fine: tuple[int, int, int] = FINE_BUCK
 
 
 def linear_cost(model, dtype: torch.dtype, budget_s: float = 8.0):
-    """A cost(tokens) for choose_buckets: GPU ms of one decoder layer's linears at that many rows (each called as
+    """A cost(tokens) for choose_buckets: the ms (CUDA events on a GPU) of one decoder layer's linears at that many rows (each called as
     the forward calls it, cuBLAS or a quantized kernel), times the layers; or None where the model has no
     `layers` of linears. Past budget_s of timing it raises TimeoutError (choose_buckets keeps what it measured)."""
     from tachyon.layers.linear import QuantLinear
@@ -110,14 +110,20 @@ def linear_cost(model, dtype: torch.dtype, budget_s: float = 8.0):
             m(x)
         times = []
         for _ in range(5):
-            s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            s.record()
+            if dev.type == "cuda":
+                s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                s.record()
+            else:
+                t0 = time.perf_counter()
             for _ in range(2):
                 for m, x in run:
                     m(x)
-            e.record()
-            e.synchronize()
-            times.append(s.elapsed_time(e) / 2)
+            if dev.type == "cuda":
+                e.record()
+                e.synchronize()
+                times.append(s.elapsed_time(e) / 2)
+            else:
+                times.append((time.perf_counter() - t0) * 1e3 / 2)
         return sorted(times)[2] * len(layers)
 
     return cost

@@ -95,3 +95,26 @@ def test_inside_the_measured_range_a_step_runs_eagerly_only_where_its_own_size_i
     pw.eager_from = 600
     assert pw.fits(585)  # too small to hide an eager step's launches
     assert not pw.fits(8193)
+
+
+def test_linear_cost_times_one_layers_linears_times_the_layers():
+    from types import SimpleNamespace
+
+    import pytest
+    import torch
+
+    from tachyon.worker.piecewise_graphs import linear_cost
+
+    torch.manual_seed(0)
+    layer = torch.nn.ModuleDict({"qkv": torch.nn.Linear(64, 192), "o": torch.nn.Linear(64, 64),
+                                 "norm": torch.nn.LayerNorm(64)})
+    model = SimpleNamespace(layers=torch.nn.ModuleList([layer, layer, layer]))
+    calls = []
+    layer["o"].register_forward_hook(lambda mod, args, out: calls.append(tuple(args[0].shape)))
+    cost = linear_cost(model, torch.float32)
+    assert cost(264) > 0
+    assert calls == [(264, 64)] * 11  # a warm-up call, then 5 timed rounds of 2, on 264 rows
+    with pytest.raises(TimeoutError):
+        linear_cost(model, torch.float32, budget_s=-1)(256)
+    assert linear_cost(SimpleNamespace(), torch.float32) is None
+    assert linear_cost(SimpleNamespace(layers=torch.nn.ModuleList([torch.nn.LayerNorm(8)])), torch.float32) is None
