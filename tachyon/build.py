@@ -13,6 +13,7 @@ import time
 
 import torch
 
+from tachyon import envs
 from tachyon.config import EngineConfig, SpeculativeConfig, num_kv_blocks_for_budget
 from tachyon.engine.engine import LLMEngine
 from tachyon.engine.ngram_proposer import NgramProposer
@@ -47,6 +48,7 @@ def build_runner(args: EngineArgs, group: tuple | None = None, draft: ModelRunne
     With tensor_parallel_size > 1 this process joins the group (tachyon.distributed; `group` is the joined
     (TensorParallel, Workers) of a spawned rank): rank 0's runner is returned, the other ranks serve its steps
     here and exit when it stops."""
+    envs.check()
     path = model_path(args)
     tp = workers = None
     config = args.create_engine_config(load_config(path), args.resolve_device())

@@ -11,7 +11,6 @@ installs it only where it measures faster: a layer never gets slower than cuBLAS
 
 from __future__ import annotations
 
-import os
 import types
 
 import torch
@@ -19,6 +18,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
+from tachyon import envs
 from tachyon.kernels import pdl
 from tachyon.kernels.splits import sum_splits
 from tachyon.kernels.timing import median_replay_ms
@@ -158,7 +158,7 @@ def row_bucket(m: int) -> int:
 def split_candidates_enabled() -> bool:
     """TACHYON_GEMV_SPLIT=1: the tuner also times SPLIT_CONFIGS from 2 rows. Off by default until a GPU run has
     measured them against cuBLAS (each adds compiles to start-up): `benchmarks/gemv_tune_check.py` sets it."""
-    return os.environ.get("TACHYON_GEMV_SPLIT", "0") not in ("", "0")
+    return bool(envs.flag("TACHYON_GEMV_SPLIT"))
 
 
 def candidates(m: int, split: bool | None = None) -> list[tuple]:

@@ -6,12 +6,12 @@ the SM count, the store of one nibble position's outputs, moving a nibble under 
 from __future__ import annotations
 
 import functools
-import os
 
 import torch
 import triton
 import triton.language as tl
 
+from tachyon import envs
 from tachyon.kernels import pdl
 
 
@@ -77,7 +77,7 @@ _counters: dict = {}
 
 
 def split_finish_enabled() -> bool:
-    return os.environ.get("TACHYON_SPLIT_FINISH", "0") not in ("", "0")
+    return bool(envs.flag("TACHYON_SPLIT_FINISH"))
 
 
 def split_counters(device: torch.device, tiles: int) -> torch.Tensor | None:

@@ -10,12 +10,12 @@ and computes with the Triton kernels on a GPU (`kernels/quant_linear.py`), the t
 
 from __future__ import annotations
 
-import os
 from typing import NamedTuple
 
 import torch
 from torch import nn
 
+from tachyon import envs
 from tachyon.config import QuantConfig
 from tachyon.kernels.quant_ref import (
     KMAJOR_TILE,
@@ -40,17 +40,15 @@ class QuantizedRows(NamedTuple):
     scale: torch.Tensor
 
 
-def awq_kmajor_wanted(capability: tuple[int, int], env: str | None = None) -> bool:
+def awq_kmajor_wanted(capability: tuple[int, int]) -> bool:
     """Whether the engine repacks AWQ layers K-major for a GPU of this compute capability. Default on Hopper
     (sm_90): there the K-major kernels beat the natural layout's at 1-64 rows (a 70B layer 1.6-2.8x at 16 rows,
-    1.04-1.6x at one row with the 2-warp configs; 70B AWQ `single` 65.5 against 60.0 on the H200). env is
-    TACHYON_AWQ_MMA's value: "0" keeps the natural layout, "1" repacks on any card from sm_90 on."""
-    env = os.environ.get("TACHYON_AWQ_MMA") if env is None else env
-    if env not in (None, "", "0", "1"):
-        raise ValueError(f"TACHYON_AWQ_MMA must be 0 or 1, got {env!r}")
-    if env == "0" or capability[0] < 9:
+    1.04-1.6x at one row with the 2-warp configs; 70B AWQ `single` 65.5 against 60.0 on the H200).
+    TACHYON_AWQ_MMA=0 keeps the natural layout, =1 repacks on any card from sm_90 on (tachyon/envs.py)."""
+    wanted = envs.flag("TACHYON_AWQ_MMA")
+    if wanted is False or capability[0] < 9:
         return False
-    return env == "1" or tuple(capability) == (9, 0)
+    return wanted is True or tuple(capability) == (9, 0)
 
 
 def repack_awq_kmajor(model: nn.Module) -> int:

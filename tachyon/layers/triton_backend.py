@@ -6,11 +6,11 @@ Here, above the kernels, because both put kernels into layers: `tachyon.kernels`
 
 from __future__ import annotations
 
-import os
 from typing import TYPE_CHECKING
 
 import torch
 
+from tachyon import envs
 from tachyon.kernels.decode_attention import decode_attention
 from tachyon.kernels.fused_ops import (
     fused_add_rms_norm,
@@ -85,7 +85,7 @@ def install_fused_ops(model: torch.nn.Module, quantized_inputs: bool | None = No
     activations fewer a linear. quantized_inputs: whether to (default: only with TACHYON_FUSED_QUANT=1 until a GPU
     run has measured it against the linears' own quantize_rows; the switch is for that A/B). Returns the model."""
     if quantized_inputs is None:
-        quantized_inputs = os.environ.get("TACHYON_FUSED_QUANT", "0") == "1"
+        quantized_inputs = bool(envs.flag("TACHYON_FUSED_QUANT"))
     for module in model.modules():
         if isinstance(module, RMSNorm):
             module.fused = fused_add_rms_norm

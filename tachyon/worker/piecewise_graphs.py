@@ -26,12 +26,12 @@ from __future__ import annotations
 
 import bisect
 import math
-import os
 import time
 
 import numpy as np
 import torch
 
+from tachyon import envs
 from tachyon.layers.attention import AttentionMetadata
 
 
@@ -244,7 +244,7 @@ class PiecewiseGraphs:
     def capture(cls, runner) -> PiecewiseGraphs:
         sizes, costs = piecewise_buckets(runner.config.scheduler.max_num_batched_tokens), {}
         # ranks must agree on the buckets; TACHYON_FINE_BUCKETS=0 keeps the plain grid (an A/B switch)
-        measure = runner.tp is None and os.environ.get("TACHYON_FINE_BUCKETS", "1") != "0"
+        measure = runner.tp is None and envs.flag("TACHYON_FINE_BUCKETS")
         cost = linear_cost(runner.model, runner.dtype) if measure else None
         if cost is not None:
             sizes, costs = choose_buckets(sizes, cost)

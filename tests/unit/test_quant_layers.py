@@ -107,13 +107,19 @@ def test_kmajor_repack_keeps_the_layer_exact_and_refuses_later_loads():
 
 
 def test_kmajor_is_hoppers_default_and_the_env_overrides_it(monkeypatch):
-    monkeypatch.delenv("TACHYON_AWQ_MMA", raising=False)
-    assert awq_kmajor_wanted((9, 0), env=None) and awq_kmajor_wanted((9, 0), env="")
-    assert not awq_kmajor_wanted((9, 0), env="0")
-    assert not awq_kmajor_wanted((8, 0), env=None) and not awq_kmajor_wanted((8, 9), env="1")  # no sm_90 MMA
-    assert not awq_kmajor_wanted((10, 0), env=None) and awq_kmajor_wanted((10, 0), env="1")  # untimed: opt-in
+    def wanted(capability, env):
+        if env is None:
+            monkeypatch.delenv("TACHYON_AWQ_MMA", raising=False)
+        else:
+            monkeypatch.setenv("TACHYON_AWQ_MMA", env)
+        return awq_kmajor_wanted(capability)
+
+    assert wanted((9, 0), None) and wanted((9, 0), "")
+    assert not wanted((9, 0), "0")
+    assert not wanted((8, 0), None) and not wanted((8, 9), "1")  # no sm_90 MMA
+    assert not wanted((10, 0), None) and wanted((10, 0), "1")  # untimed: opt-in
     with pytest.raises(ValueError, match="TACHYON_AWQ_MMA must be 0 or 1, got 'yes'"):
-        awq_kmajor_wanted((9, 0), env="yes")
+        wanted((9, 0), "yes")
 
 
 @pytest.mark.parametrize("symmetric", [False, True])
