@@ -46,6 +46,13 @@
 #   cuBLAS at 2-64 rows, never run on a GPU: if they win qkv/o_proj, turn TACHYON_GEMV_SPLIT on by default); then on
 #   an H200: SERVER_ARGS="--log-level debug" LOADS13="c16 poisson20 c256" PARTS="serve13 diag13", then PARTS="q15"
 #   (TUNE15_CONFIG_ROWS=1,4,16: the fp8 "wo" configs were never timed at one row), then PARTS="70b".
+# Session 2026-12-08: no device was lent (refused, then paused). Built on the CPU: piecewise buckets from 256 to 2,048
+#   tokens chosen by the linears' cost timed every 8 rows at start-up (TACHYON_FINE_BUCKETS=0: the plain grid). Next,
+#   first call on any card (carry .whl .peer-bench; ~590 s): SERVER_ARGS="--log-level debug" LOADS13="poisson20"
+#   PARTS="gputests gemvcheck serve13 fineab" (the piecewise/gemv tests on the card, the gemv split against cuBLAS,
+#   Poisson with the measured buckets, then with the plain grid; server13.log logs the buckets and their costs);
+#   then on an H200: LOADS13="c16 poisson20 c256" PARTS="serve13 diag13", then PARTS="q15" (TUNE15_CONFIG_ROWS=1,4,16),
+#   then PARTS="70b".
 set -u
 export PYTHONPATH=.
 END=${END_S:-560}
