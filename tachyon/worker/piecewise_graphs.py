@@ -55,12 +55,13 @@ FINE_BUCKETS = (256, 2048, 8)  # where start-up times the linears every 8 rows: 
 
 def choose_buckets(grid: list[int], cost, fine: tuple[int, int, int] = FINE_BUCKETS,
                    keep: float = 0.95) -> tuple[list[int], dict[int, float]]:
-    """Buckets from measured cost: `grid` (piecewise_buckets) outside the fine range; inside it, the sizes every
-    `fine[2]` tokens whose cost(tokens) (ms of the model's linears at that many rows) is under `keep` times the
-    cost of the next larger size kept (scanned downward from the range's top grid size, always kept). cuBLAS's
-    kernel choice jumps with M: on the H100 llama3-8b's linears took 14.6 ms at 552 rows, 11.4 at 568 and 12.4 at
-    576, so a Poisson step of 40 decodes and a 512-token prompt is cheaper padded to 568 than to the grid's 576.
-    A step of T tokens then replays a bucket costing at most cost(T rounded up to fine[2]) / keep.
+    """Buckets from measured cost: `grid` (piecewise_buckets) outside the fine range; inside it, scanning down from
+    the range's top grid size (always kept), a grid size stays unless the next larger size kept costs no more, and
+    a size between grid sizes (every `fine[2]` tokens) joins where it costs under `keep` times the next larger size
+    kept. cost(tokens): ms of the model's linears at that many rows. cuBLAS's kernel choice jumps with M: on the
+    H100 llama3-8b's linears took 14.6 ms at 552 rows, 11.4 at 568 and 12.4 at 576, so a Poisson step of 40
+    decodes and a 512-token prompt is cheaper padded to 568 than to the grid's 576. A step then replays a bucket
+    that costs no more than the grid's bucket for it, and at most cost(its size rounded up to fine[2]) / keep.
     Returns (sizes, {tokens: cost} of the fine range)."""
     lo, hi_cap, step = fine
     hi = max((s for s in grid if lo <= s <= hi_cap and s % step == 0), default=None)
@@ -75,9 +76,9 @@ def choose_buckets(grid: list[int], cost, fine: tuple[int, int, int] = FINE_BUCK
             break
     if hi not in costs:
         return grid, {}
-    kept = [hi]
+    kept, on_grid = [hi], set(grid)
     for t in reversed(sizes[:-1]):
-        if t in costs and costs[t] < keep * costs[kept[-1]]:
+        if t in costs and costs[t] < (1.0 if t in on_grid else keep) * costs[kept[-1]]:
             kept.append(t)
     if len(costs) < len(sizes):  # not all measured: the grid's sizes below the lowest measured one stay
         low = min(costs)
