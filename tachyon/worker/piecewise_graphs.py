@@ -87,9 +87,10 @@ def choose_buckets(grid: list[int], cost, fine: tuple[int, int, int] = FINE_BUCK
 
 
 def linear_cost(model, dtype: torch.dtype, budget_s: float = 8.0):
-    """A cost(tokens) for choose_buckets: the ms (CUDA events on a GPU) of one decoder layer's linears at that many rows (each called as
-    the forward calls it, cuBLAS or a quantized kernel), times the layers; or None where the model has no
-    `layers` of linears. Past budget_s of timing it raises TimeoutError (choose_buckets keeps what it measured)."""
+    """A cost(tokens) for choose_buckets: the ms (CUDA events on a GPU) of one decoder layer's linears at that
+    many rows (each called as the forward calls it, cuBLAS or a quantized kernel), times the layers; or None where
+    the model has no `layers` of linears. Past budget_s of timing it raises TimeoutError (choose_buckets keeps
+    what it measured)."""
     from tachyon.layers.linear import QuantLinear
 
     layers = getattr(model, "layers", None)
