@@ -108,27 +108,32 @@ def linear_cost(model, dtype: torch.dtype, budget_s: float = 8.0):
         if time.perf_counter() > t_end:
             raise TimeoutError
         run = [(m, xs[m.in_features][:tokens]) for m in mods]
-        for m, x in run:  # the first call picks (and caches) cuBLAS's kernel for this M
-            m(x)
-        times = []
-        for _ in range(5):
-            if dev.type == "cuda":
-                s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                s.record()
-            else:
-                t0 = time.perf_counter()
+
+        def run_twice():
             for _ in range(2):
                 for m, x in run:
                     m(x)
-            if dev.type == "cuda":
-                e.record()
-                e.synchronize()
-                times.append(s.elapsed_time(e) / 2)
-            else:
-                times.append((time.perf_counter() - t0) * 1e3 / 2)
-        return sorted(times)[2] * len(layers)
+
+        for m, x in run:  # the first call picks (and caches) cuBLAS's kernel for this M
+            m(x)
+        times = sorted(_elapsed_ms(run_twice, dev) / 2 for _ in range(5))
+        return times[2] * len(layers)
 
     return cost
+
+
+def _elapsed_ms(fn, dev: torch.device) -> float:
+    """ms of fn(): on a GPU its device time between two CUDA events, on the CPU the wall clock."""
+    if dev.type != "cuda":
+        t0 = time.perf_counter()
+        fn()
+        return (time.perf_counter() - t0) * 1e3
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    fn()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end)
 
 
 def eager_from(per_token_ms: float, launch_ms: float, hide: float = 2.0) -> int:

@@ -1,3 +1,5 @@
+import re
+
 from harness import compile_report, sass_loop_stats
 
 from tachyon.kernels.scaled_linear import _w8a8_gemm_kernel
@@ -10,7 +12,6 @@ for fp8, wt in ((False, "*i8"), (True, "*fp8e4nv")):
         consts = dict(FP8=fp8, HAS_BIAS=False, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=8, PDL=False)
         tag = f"{'fp8' if fp8 else 'int8'} gemm {bm}x{bn}x{bk}"
         k = compile_report(_w8a8_gemm_kernel, types, consts, div, w, s, tag=tag)
-        import re
         ptx = k.asm["ptx"]
         print(tag, "wgmma kinds", sorted(set(re.findall(r"wgmma\.mma_async\.[\w.]+", ptx)))[:3],
               "mma.sync", ptx.count("mma.sync"), "ldmatrix", ptx.count("ldmatrix"))
